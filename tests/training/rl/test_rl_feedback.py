@@ -1,0 +1,186 @@
+"""Targeted text feedback: triggers from YAML, hint insertion, and what the hint KL does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from rl_toy import VOCAB, BagOfContextLM, encode
+
+from training.agent import FeedbackMark, ToolCall, ToolResult, Trajectory, Turn
+from training.rl import (
+    FeedbackConfigError,
+    GRPOConfig,
+    TextFeedbackConfig,
+    Trigger,
+    build_batch,
+    detect_feedback,
+    hinted_prompt,
+    load_feedback_config,
+    rl_loss,
+)
+
+TOOLS = ["read_file", "finish"]
+FEEDBACK = TextFeedbackConfig(
+    kl_coef=1.0,
+    hint_template="SYS {hint} END",
+    generation_prompt="ASSIST",
+    triggers=(Trigger(name="unknown_tool", unknown_tool=True, hint="tools"),),
+)
+
+
+def _turn(index: int, prompt: str, completion: str, call: str | None, reply: str = "ok") -> Turn:
+    ids = encode(completion)
+    calls = [ToolCall(call_id=f"c{index}", name=call, arguments="{}")] if call else []
+    results = (
+        [ToolResult(call_id=f"c{index}", name=call, content=reply, ok=reply == "ok")]
+        if call
+        else []
+    )
+    return Turn(
+        index=index,
+        policy_version=0,
+        prompt_token_ids=encode(prompt),
+        completion_token_ids=ids,
+        completion_logprobs=[-1.0] * len(ids),
+        completion_text=completion,
+        tool_calls=calls,
+        tool_results=results,
+    )
+
+
+def _trajectory(name: str, reward: float) -> Trajectory:
+    turns = [
+        _turn(0, "USER hello ASSIST", "search", "search", "notfound"),
+        _turn(1, "USER hello ASSIST search notfound ASSIST", "read_file", "read_file"),
+        _turn(
+            2, "USER hello ASSIST search notfound ASSIST read_file ok ASSIST", "finish", "finish"
+        ),
+    ]
+    return Trajectory(
+        trajectory_id=name,
+        rollout_id=name,
+        task_id="t",
+        environment="toy",
+        policy_version_start=0,
+        policy_version_end=0,
+        turns=turns,
+        reward=reward,
+        raw_reward=reward,
+        feedback=detect_feedback(turns, TOOLS, FEEDBACK),
+    )
+
+
+def test_default_yaml_loads_and_flags_unknown_tool() -> None:
+    config = load_feedback_config()
+    assert {t.name for t in config.triggers} >= {"unknown_tool", "tool_not_found_reply"}
+    marks = detect_feedback(_trajectory("a", 1.0).turns, TOOLS, config)
+    assert [(m.turn_index, m.trigger) for m in marks] == [(0, "unknown_tool")]
+    assert "read_file, finish" in marks[0].hint
+
+
+def test_tool_result_trigger_from_yaml(tmp_path: Path) -> None:
+    path = tmp_path / "fb.yaml"
+    path.write_text(
+        "kl_coef: 0.5\nkl_normalisation: turn\ntriggers:\n"
+        "  - {name: nf, tool_result_regex: '^notfound', hint: 'use {tools}'}\n"
+    )
+    config = load_feedback_config(path)
+    assert config.kl_coef == 0.5 and config.kl_normalisation == "turn"
+    marks = detect_feedback(_trajectory("a", 1.0).turns, TOOLS, config)
+    assert [(m.turn_index, m.hint) for m in marks] == [(0, "use read_file, finish")]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("triggers:\n  - {name: x}\n", "needs at least 'name' and 'hint'"),
+        ("triggers:\n  - {name: x, hint: h}\n", "has no condition"),
+        ("triggers:\n  - {name: x, hint: h, completion_regex: '('}\n", "bad regex"),
+        ("kl_coeff: 1\n", "unknown keys"),
+        ("kl_normalisation: batch\n", "kl_normalisation"),
+    ],
+)
+def test_bad_feedback_yaml_is_named(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "fb.yaml"
+    path.write_text(text)
+    with pytest.raises(FeedbackConfigError, match=message):
+        load_feedback_config(path)
+
+
+def test_hint_goes_before_the_assistant_header() -> None:
+    ids = hinted_prompt(encode("USER hello ASSIST"), "tools", FEEDBACK, encode)
+    assert ids == encode("USER hello SYS tools END ASSIST")
+    no_header = hinted_prompt(encode("USER hello"), "tools", FEEDBACK, encode)
+    assert no_header == encode("USER hello SYS tools END")
+
+
+class _RecordingPolicy:
+    """Keeps the student's logits (the forward that builds the graph) to read their grad."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.student_logits: torch.Tensor | None = None
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        logits = self.model(ids)
+        if torch.is_grad_enabled():
+            logits.retain_grad()
+            self.student_logits = logits
+        return logits
+
+
+def _logit_grads(feedback: TextFeedbackConfig) -> torch.Tensor:
+    model = BagOfContextLM(seed=1)
+    policy = _RecordingPolicy(model)
+    config = GRPOConfig(feedback=feedback)
+    batch = build_batch([[_trajectory("a", 1.0), _trajectory("b", 0.0)]], config, encode)
+    loss, _ = rl_loss(policy, batch, config)
+    loss.backward()
+    assert policy.student_logits is not None and policy.student_logits.grad is not None
+    return policy.student_logits.grad
+
+
+def test_hint_kl_touches_only_the_flagged_turn() -> None:
+    with_kl = _logit_grads(FEEDBACK)
+    without = _logit_grads(TextFeedbackConfig(enabled=False))
+    # rows: trajectory a turns 0,1,2 then trajectory b turns 0,1,2; turn 0 is flagged
+    flagged, others = [0, 3], [1, 2, 4, 5]
+    assert torch.equal(with_kl[others], without[others])
+    assert not torch.allclose(with_kl[flagged], without[flagged])
+
+
+def test_hint_kl_lowers_the_invalid_tool_probability() -> None:
+    model = BagOfContextLM(seed=0)
+    with torch.no_grad():
+        # The hint token pushes the invalid tool down: the teacher knows better.
+        model.table[VOCAB["tools"], VOCAB["search"]] = -30.0
+    # Equal rewards: zero advantages, so only the hint KL moves the policy.
+    config = GRPOConfig(feedback=FEEDBACK)
+    batch = build_batch([[_trajectory("a", 1.0), _trajectory("b", 1.0)]], config, encode)
+    context = torch.tensor([encode("USER hello ASSIST")])
+
+    def p_invalid() -> float:
+        with torch.no_grad():
+            return float(torch.softmax(model(context)[0, -1], -1)[VOCAB["search"]])
+
+    before = p_invalid()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    kls = []
+    for _ in range(20):
+        optimizer.zero_grad()
+        loss, stats = rl_loss(model, batch, config)
+        loss.backward()
+        optimizer.step()
+        kls.append(stats.hint_kl)
+    after = p_invalid()
+    assert stats.flagged_turns == 2 and stats.policy_loss == 0.0
+    assert after < 0.5 * before
+    assert kls[-1] < kls[0]
+
+
+def test_feedback_marks_survive_the_record_round_trip() -> None:
+    trajectory = _trajectory("a", 1.0)
+    again = Trajectory.model_validate_json(trajectory.model_dump_json())
+    assert again.feedback == [FeedbackMark(turn_index=0, trigger="unknown_tool", hint="tools")]

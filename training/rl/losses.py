@@ -1,0 +1,117 @@
+"""GRPO and hint-KL losses on token-aligned tensors.
+
+Shapes: ``[N, L]`` where row n is one model turn's completion (L tokens, right-padded)
+and ``mask`` marks real model tokens. Prompt and tool-result tokens never reach these
+functions, which is how the loss stays on model tokens only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from training.rl.config import KlNormalisation, Normalisation
+
+
+@dataclass(frozen=True)
+class PolicyLossStats:
+    """Diagnostics of one policy-loss evaluation (detached floats)."""
+
+    clip_fraction: float
+    mean_ratio: float
+    approx_kl: float
+    tokens: int
+
+
+def group_advantages(
+    rewards: torch.Tensor, scale_by_std: bool = True, eps: float = 1e-6
+) -> torch.Tensor:
+    """GRPO advantages for one group of rollouts of the same task.
+
+    ``(r - mean(r)) / (std(r) + eps)`` with the sample standard deviation (Bessel), as in
+    DeepSeekMath's GRPO. A group whose rewards are all equal carries no signal: zeros.
+    """
+    if rewards.ndim != 1 or rewards.numel() < 2:
+        raise ValueError("a GRPO group needs a 1-D tensor of at least two rewards")
+    centered = rewards - rewards.mean()
+    if not scale_by_std:
+        return centered
+    return centered / (rewards.std(unbiased=True) + eps)
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log p(target) per position: ``logits`` [..., V], ``targets`` [...]."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def _reduce(per_token: torch.Tensor, mask: torch.Tensor, normalisation: str) -> torch.Tensor:
+    maskf = mask.to(per_token.dtype)
+    if normalisation == "token":
+        return (per_token * maskf).sum() / maskf.sum().clamp(min=1.0)
+    if normalisation in ("sequence", "turn"):
+        lengths = maskf.sum(dim=-1)
+        rows = lengths > 0
+        per_row = (per_token * maskf).sum(dim=-1)
+        if normalisation == "sequence":
+            per_row = per_row / lengths.clamp(min=1.0)
+        return per_row[rows].sum() / rows.sum().clamp(min=1)
+    raise ValueError(f"unknown normalisation {normalisation!r}")
+
+
+def clipped_policy_loss(
+    logprobs: torch.Tensor,
+    sampling_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    normalisation: Normalisation = "token",
+) -> tuple[torch.Tensor, PolicyLossStats]:
+    """PPO-style clipped surrogate against the logprobs vLLM sampled with.
+
+    ``advantages`` is per row [N] (every token of a turn shares its trajectory's
+    advantage). ``normalisation='token'`` averages over all model tokens of the batch;
+    ``'sequence'`` averages within each turn first, then over turns.
+    """
+    ratio = torch.exp(logprobs - sampling_logprobs)
+    adv = advantages.unsqueeze(-1).to(logprobs.dtype)
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
+    per_token = -torch.minimum(unclipped, clipped)
+    loss = _reduce(per_token, mask, normalisation)
+    with torch.no_grad():
+        maskb = mask.bool()
+        count = int(maskb.sum())
+        was_clipped = (clipped < unclipped) & maskb
+        log_ratio = (logprobs - sampling_logprobs)[maskb]
+        stats = PolicyLossStats(
+            clip_fraction=float(was_clipped.sum()) / max(count, 1),
+            mean_ratio=float(ratio[maskb].mean()) if count else 1.0,
+            approx_kl=float(((log_ratio.exp() - 1) - log_ratio).mean()) if count else 0.0,
+            tokens=count,
+        )
+    return loss, stats
+
+
+def hint_kl_loss(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    mask: torch.Tensor,
+    normalisation: KlNormalisation = "token",
+) -> torch.Tensor:
+    """Per-token KL(student || teacher) over the full vocabulary, on flagged turns only.
+
+    The student is the policy on the turn's real (un-hinted) context; the teacher is the
+    same policy on the hinted context, computed without gradient. Minimising the reverse
+    KL moves the student's mass to where the hinted policy puts it, token by token.
+    ``normalisation='token'``: mean over flagged tokens; ``'turn'``: per-turn sums,
+    averaged over flagged turns.
+    """
+    if teacher_logits.requires_grad:
+        teacher_logits = teacher_logits.detach()
+    student_logp = torch.log_softmax(student_logits.float(), dim=-1)
+    teacher_logp = torch.log_softmax(teacher_logits.float(), dim=-1)
+    per_token = (student_logp.exp() * (student_logp - teacher_logp)).sum(dim=-1)
+    return _reduce(per_token, mask, normalisation)
