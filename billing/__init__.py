@@ -1,0 +1,1 @@
+"""Billing: price book, admission and metering, usage ledger, Stripe."""

@@ -1,0 +1,79 @@
+"""The usage event: one per request, keyed by the request id, priced at the request's start.
+
+It carries both the list cost and the allowance consumed so that the ledger, invoices and
+Stripe never have to re-price history with a newer price book.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from fractions import Fraction
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from billing.meter import Admission, Outcome, Tier, UsageReport
+from billing.pricing import PriceBook, charge
+
+EVENT_SCHEMA_VERSION = 1
+
+
+class UsageEvent(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: int = EVENT_SCHEMA_VERSION
+    event_id: str = Field(min_length=1, max_length=200)
+    org_id: str = Field(min_length=1)
+    key_id: str
+    customer_id: str | None = None
+    plan: str
+    model: str
+    tier: Tier
+    prompt_tokens: int = Field(ge=0)
+    cached_tokens: int = Field(ge=0)
+    completion_tokens: int = Field(ge=0)
+    list_cost_nano_usd: int = Field(ge=0)
+    allowance_consumed_nano_usd: int = Field(ge=0)
+    #: "2x usage" during a promotion: allowance consumed x multiplier = list cost.
+    promotion_multiplier: str = "1"
+    promotion_id: str | None = None
+    price_version: str
+    started_at: datetime
+    ended_at: datetime
+    outcome: Outcome
+
+    @property
+    def multiplier(self) -> Fraction:
+        return Fraction(self.promotion_multiplier)
+
+
+def usage_event(book: PriceBook, admission: Admission, usage: UsageReport) -> UsageEvent:
+    """Price a finished request (by the tokens vLLM actually produced) into its event."""
+    priced = charge(
+        book,
+        tier=usage.tier,
+        model=usage.model,
+        prompt_tokens=usage.prompt_tokens,
+        cached_tokens=usage.cached_tokens,
+        completion_tokens=usage.completion_tokens,
+        at=usage.started_at,
+    )
+    return UsageEvent(
+        event_id=usage.request_id,
+        org_id=usage.org_id,
+        key_id=usage.key_id,
+        customer_id=usage.customer_id,
+        plan=admission.request.plan,
+        model=usage.model,
+        tier=usage.tier,
+        prompt_tokens=usage.prompt_tokens,
+        cached_tokens=usage.cached_tokens,
+        completion_tokens=usage.completion_tokens,
+        list_cost_nano_usd=priced.list_cost_nano,
+        allowance_consumed_nano_usd=priced.allowance_consumed_nano,
+        promotion_multiplier=str(priced.usage_multiplier),
+        promotion_id=priced.promotion_id,
+        price_version=priced.price_version,
+        started_at=usage.started_at,
+        ended_at=usage.ended_at,
+        outcome=usage.outcome,
+    )

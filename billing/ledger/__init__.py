@@ -1,0 +1,27 @@
+"""The usage ledger (SQL): append-only usage rows, adjustments, Stripe reporting state."""
+
+from billing.ledger.database import make_engine, migrate
+from billing.ledger.schema import (
+    Base,
+    OrgSuspension,
+    StripeMeterEvent,
+    StripeReportedUsage,
+    StripeWebhookEvent,
+    UsageAdjustment,
+    UsageRow,
+)
+from billing.ledger.writes import add_adjustment, insert_usage_events
+
+__all__ = [
+    "Base",
+    "OrgSuspension",
+    "StripeMeterEvent",
+    "StripeReportedUsage",
+    "StripeWebhookEvent",
+    "UsageAdjustment",
+    "UsageRow",
+    "add_adjustment",
+    "insert_usage_events",
+    "make_engine",
+    "migrate",
+]

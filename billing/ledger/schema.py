@@ -1,0 +1,137 @@
+"""The ledger's tables.
+
+``usage_events`` is append-only (the migration installs triggers that refuse UPDATE and
+DELETE): a correction is a row in ``usage_adjustments``, and Stripe reporting state lives
+in its own tables so that marking usage as reported never touches a usage row.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import BigInteger, DateTime, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+Id = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Stored as naive UTC (SQLite has no time zones), returned as aware UTC."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("ledger timestamps must be timezone-aware")
+        return value.astimezone(UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return None if value is None else value.replace(tzinfo=UTC)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class UsageRow(Base):
+    __tablename__ = "usage_events"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    event_id: Mapped[str] = mapped_column(String(200), unique=True)
+    org_id: Mapped[str] = mapped_column(String(200))
+    key_id: Mapped[str] = mapped_column(String(200))
+    customer_id: Mapped[str | None] = mapped_column(String(200))
+    plan: Mapped[str] = mapped_column(String(100))
+    model: Mapped[str] = mapped_column(String(200))
+    tier: Mapped[str] = mapped_column(String(20))
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger)
+    cached_tokens: Mapped[int] = mapped_column(BigInteger)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger)
+    list_cost_nano_usd: Mapped[int] = mapped_column(BigInteger)
+    allowance_consumed_nano_usd: Mapped[int] = mapped_column(BigInteger)
+    promotion_multiplier: Mapped[str] = mapped_column(String(40))
+    promotion_id: Mapped[str | None] = mapped_column(String(100))
+    price_version: Mapped[str] = mapped_column(String(100))
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    ended_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    outcome: Mapped[str] = mapped_column(String(40))
+    recorded_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+    __table_args__ = (
+        Index("ix_usage_events_org_started", "org_id", "started_at"),
+        Index("ix_usage_events_customer", "customer_id"),
+    )
+
+
+class UsageAdjustment(Base):
+    """A correction to the ledger: deltas, never an edit of a usage row."""
+
+    __tablename__ = "usage_adjustments"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    adjustment_id: Mapped[str] = mapped_column(String(200), unique=True)
+    org_id: Mapped[str] = mapped_column(String(200), index=True)
+    event_id: Mapped[str | None] = mapped_column(String(200))
+    tier: Mapped[str] = mapped_column(String(20))
+    effective_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    list_cost_delta_nano_usd: Mapped[int] = mapped_column(BigInteger)
+    allowance_delta_nano_usd: Mapped[int] = mapped_column(BigInteger)
+    reason: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class StripeMeterEvent(Base):
+    """One meter event to send (or sent) to Stripe; ``identifier`` is also the idempotency key."""
+
+    __tablename__ = "stripe_meter_events"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    identifier: Mapped[str] = mapped_column(String(100), unique=True)
+    customer_id: Mapped[str] = mapped_column(String(200))
+    event_name: Mapped[str] = mapped_column(String(100))
+    minute: Mapped[datetime] = mapped_column(UTCDateTime)
+    value: Mapped[int] = mapped_column(BigInteger)
+    status: Mapped[str] = mapped_column(String(20), default="pending", index=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    sent_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class StripeReportedUsage(Base):
+    """Marks a usage row as included in a Stripe batch (one batch per customer/tier/minute)."""
+
+    __tablename__ = "stripe_reported_usage"
+
+    event_id: Mapped[str] = mapped_column(
+        String(200), ForeignKey("usage_events.event_id"), primary_key=True
+    )
+    batch: Mapped[str] = mapped_column(String(100), index=True)
+
+
+class StripeWebhookEvent(Base):
+    """Webhook events already handled (Stripe delivers at least once)."""
+
+    __tablename__ = "stripe_webhook_events"
+
+    event_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    type: Mapped[str] = mapped_column(String(100))
+    received_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class OrgSuspension(Base):
+    """Durable record of an org's suspension; Redis holds the copy admission reads."""
+
+    __tablename__ = "org_suspensions"
+
+    org_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    customer_id: Mapped[str | None] = mapped_column(String(200))
+    suspended: Mapped[bool]
+    reason: Mapped[str] = mapped_column(String(200))
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)

@@ -1,0 +1,71 @@
+"""Writing the ledger: usage rows deduplicated by event id, and adjustment rows."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Connection, Insert
+from sqlalchemy.dialects import postgresql, sqlite
+
+from billing.events import UsageEvent
+from billing.ledger.schema import UsageAdjustment, UsageRow
+
+
+def _insert_ignoring_duplicates(connection: Connection, table: Any, key: str) -> Insert:
+    if connection.dialect.name == "postgresql":
+        return postgresql.insert(table).on_conflict_do_nothing(index_elements=[key])
+    if connection.dialect.name == "sqlite":
+        return sqlite.insert(table).on_conflict_do_nothing(index_elements=[key])
+    raise RuntimeError(f"the ledger supports SQLite and PostgreSQL, not {connection.dialect.name}")
+
+
+def usage_row_values(event: UsageEvent, recorded_at: datetime) -> dict[str, Any]:
+    values = event.model_dump(exclude={"schema_version"})
+    values["recorded_at"] = recorded_at
+    return values
+
+
+def insert_usage_events(connection: Connection, events: Sequence[UsageEvent]) -> int:
+    """Insert the events not yet in the ledger; returns how many rows were new.
+
+    Redelivery (a reclaimed stream entry, a replayed spool) is normal, so a duplicate
+    event id is skipped, never an error and never an update.
+    """
+    if not events:
+        return 0
+    now = datetime.now(UTC)
+    statement = _insert_ignoring_duplicates(connection, UsageRow.__table__, "event_id")
+    result = connection.execute(statement, [usage_row_values(e, now) for e in events])
+    return int(result.rowcount or 0)
+
+
+def add_adjustment(
+    connection: Connection,
+    *,
+    adjustment_id: str,
+    org_id: str,
+    tier: str,
+    list_cost_delta_nano_usd: int,
+    allowance_delta_nano_usd: int,
+    reason: str,
+    event_id: str | None = None,
+    effective_at: datetime | None = None,
+) -> bool:
+    """Record a correction; idempotent by ``adjustment_id``. Returns whether it was new."""
+    now = datetime.now(UTC)
+    statement = _insert_ignoring_duplicates(
+        connection, UsageAdjustment.__table__, "adjustment_id"
+    ).values(
+        adjustment_id=adjustment_id,
+        org_id=org_id,
+        event_id=event_id,
+        tier=tier,
+        effective_at=effective_at or now,
+        list_cost_delta_nano_usd=list_cost_delta_nano_usd,
+        allowance_delta_nano_usd=allowance_delta_nano_usd,
+        reason=reason,
+        created_at=now,
+    )
+    return bool(connection.execute(statement).rowcount)

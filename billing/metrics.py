@@ -1,0 +1,41 @@
+"""Billing's Prometheus metrics (names fixed by the metrics contract; no org/key labels).
+
+Gateway-side metrics live in the default registry, which the gateway's /metrics serves;
+the worker and beat serve the same registry on ``CSTACK_METRICS_PORT``.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+admission_refusals = Counter(
+    "cstack_admission_refusals_total", "Requests refused by admission.", ["tier", "code"]
+)
+admission_seconds = Histogram(
+    "cstack_admission_seconds",
+    "Time spent in the admission check.",
+    buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5),
+)
+usage_events = Counter("cstack_usage_events_total", "Usage events emitted.", ["tier", "outcome"])
+usage_spool_events = Gauge(
+    "cstack_usage_spool_events", "Usage events waiting in this process's disk spool."
+)
+price_nano_usd_per_token = Gauge(
+    "cstack_price_nano_usd_per_token",
+    "Current list price per token from the price book.",
+    ["tier", "direction"],
+)
+
+usage_stream_lag = Gauge(
+    "cstack_usage_stream_lag_events", "Usage stream entries not yet in the ledger."
+)
+ledger_rows = Counter("cstack_ledger_rows_total", "Usage rows written to the ledger.")
+stripe_meter_events = Counter(
+    "cstack_stripe_meter_events_total", "Stripe meter events by result.", ["result"]
+)
+stripe_sync_failures = Counter(
+    "cstack_stripe_sync_failures_total", "Stripe sync runs that hit an error."
+)
+stripe_last_success = Gauge(
+    "cstack_stripe_last_success_timestamp_seconds", "When a Stripe sync last succeeded."
+)

@@ -1,0 +1,263 @@
+"""The real Meter: admission and settlement against Redis, usage events to a stream.
+
+``admit`` runs one Lua script (rate limits, suspension, cost reservation) and ``settle``
+another (release the reservation, count the actual cost, append the usage event), so both
+hooks cost one Redis round trip. When Redis is unreachable, settlement goes to the disk
+spool and admission fails open or closed as configured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from datetime import UTC, date, datetime
+from typing import Any, cast
+
+from redis import exceptions as redis_errors
+from redis.asyncio import Redis
+
+from billing import metrics
+from billing.events import UsageEvent, usage_event
+from billing.headers import ratelimit_headers
+from billing.lua import ADMIT, SETTLE
+from billing.meter import Admission, AdmissionRefused, AdmissionRequest, UsageReport
+from billing.pricing import TIERS, PriceBook, PriceBookError, pricebook_from_path, worst_case_charge
+from billing.settings import BillingSettings
+from billing.spool import UsageSpool
+
+logger = logging.getLogger(__name__)
+
+REDIS_DOWN = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
+SETTLED_MARKER_TTL_S = 14 * 86400
+SPOOL_RESCAN_S = 10.0
+
+
+def budget_prefix(org_id: str) -> str:
+    """Redis key prefix of an org's per-period budget (hash-tagged by org)."""
+    return f"cstack:budget:{{{org_id}}}:"
+
+
+def period_of(at: datetime) -> str:
+    """The billing period (UTC calendar month) an instant falls in."""
+    return at.astimezone(UTC).strftime("%Y-%m")
+
+
+def suspended_org_key(org_id: str) -> str:
+    return f"cstack:suspended:org:{org_id}"
+
+
+def suspended_customer_key(customer_id: str) -> str:
+    return f"cstack:suspended:customer:{customer_id}"
+
+
+class RedisMeter:
+    def __init__(
+        self,
+        settings: BillingSettings,
+        *,
+        book: PriceBook | None = None,
+        redis: Redis | None = None,
+    ) -> None:
+        self.settings = settings
+        self.book = book or pricebook_from_path(settings.pricebook_path)
+        self.redis = redis or Redis.from_url(
+            settings.redis_url,
+            socket_timeout=settings.redis_timeout_s,
+            socket_connect_timeout=settings.redis_timeout_s,
+        )
+        self._admit_script = self.redis.register_script(ADMIT)
+        self._settle_script = self.redis.register_script(SETTLE)
+        self.spool = UsageSpool(settings.usage_spool_dir)
+        self._replay_lock = asyncio.Lock()
+        self._next_spool_scan = 0.0
+        self._ledger: Any = None
+        self._publish_prices()
+
+    def _publish_prices(self) -> None:
+        version = self.book.version_at(datetime.now(UTC))
+        for tier in TIERS:
+            prices = version.tiers[tier]
+            metrics.price_nano_usd_per_token.labels(tier, "input").set(prices.input)
+            metrics.price_nano_usd_per_token.labels(tier, "output").set(prices.output)
+
+    # -- admission -----------------------------------------------------------------
+
+    async def admit(self, request: AdmissionRequest) -> Admission:
+        started = time.perf_counter()
+        try:
+            return await self._admit(request)
+        except AdmissionRefused as refusal:
+            metrics.admission_refusals.labels(request.tier, refusal.code).inc()
+            raise
+        finally:
+            metrics.admission_seconds.observe(time.perf_counter() - started)
+
+    async def _admit(self, request: AdmissionRequest) -> Admission:
+        try:
+            plan = self.book.plan(request.plan)
+        except PriceBookError as exc:
+            raise AdmissionRefused(str(exc), code="insufficient_quota") from None
+        worst = worst_case_charge(
+            self.book,
+            tier=request.tier,
+            model=request.model,
+            prompt_tokens=request.prompt_tokens,
+            max_output_tokens=request.max_output_tokens,
+            at=datetime.now(UTC),
+        )
+        customer_key = suspended_customer_key(request.customer_id) if request.customer_id else "-"
+        tokens = request.prompt_tokens + request.max_output_tokens
+        try:
+            reply = await self._admit_script(
+                keys=[
+                    f"cstack:ratelimit:{{{request.key_id}}}:rpm",
+                    f"cstack:ratelimit:{{{request.key_id}}}:tpm",
+                    suspended_org_key(request.org_id),
+                    customer_key,
+                ],
+                args=[
+                    plan.rpm,
+                    plan.tpm,
+                    tokens,
+                    worst.allowance_consumed_nano,
+                    plan.period_cap_nano,
+                    request.request_id,
+                    self.settings.reservation_ttl_s,
+                    budget_prefix(request.org_id),
+                ],
+            )
+        except REDIS_DOWN as exc:
+            if not self.settings.admission_fail_open:
+                raise AdmissionRefused(
+                    "billing is temporarily unavailable; retry shortly",
+                    code="rate_limit_exceeded",
+                    retry_after_s=1,
+                ) from exc
+            logger.warning("admission without limits: Redis is unreachable (%s)", exc)
+            return Admission(request=request)
+        status = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
+        if status == "suspended":
+            raise AdmissionRefused(
+                "this organization is suspended for an unpaid invoice; update the payment "
+                "method to resume",
+                code="insufficient_quota",
+            )
+        headers = ratelimit_headers(
+            rpm=plan.rpm,
+            tpm=plan.tpm,
+            remaining_requests=int(reply[1]),
+            reset_requests_us=int(reply[2]),
+            remaining_tokens=int(reply[3]),
+            reset_tokens_us=int(reply[4]),
+        )
+        if status == "too_large":
+            raise AdmissionRefused(
+                f"this request needs up to {tokens} tokens (prompt plus max output), more "
+                f"than the key's limit of {plan.tpm} tokens per minute; lower max_tokens",
+                code="rate_limit_exceeded",
+                headers=headers,
+            )
+        if status == "rate":
+            retry_after = max(1, -(-int(reply[5]) // 1_000_000))
+            headers["retry-after"] = str(retry_after)
+            raise AdmissionRefused(
+                f"rate limit reached for this key ({plan.rpm} requests and {plan.tpm} tokens "
+                f"per minute); retry after {retry_after}s",
+                code="rate_limit_exceeded",
+                retry_after_s=retry_after,
+                headers=headers,
+            )
+        if status == "quota":
+            raise AdmissionRefused(
+                "this organization has used its plan's allowance and overage budget for "
+                "the current billing period",
+                code="insufficient_quota",
+                headers=headers,
+            )
+        period = reply[5].decode() if isinstance(reply[5], bytes) else str(reply[5])
+        return Admission(
+            request=request,
+            headers=headers,
+            reserved_nano_usd=worst.allowance_consumed_nano,
+            reservation_id=f"{period}/{request.request_id}",
+        )
+
+    # -- settlement ----------------------------------------------------------------
+
+    async def settle(self, admission: Admission, usage: UsageReport) -> None:
+        """Count the actual usage and emit its event; spool it if Redis is unreachable."""
+        event = usage_event(self.book, admission, usage)
+        if admission.reservation_id:
+            period = admission.reservation_id.split("/", 1)[0]
+        else:
+            period = period_of(event.started_at)
+        record = {
+            "budget_prefix": budget_prefix(event.org_id),
+            "period": period,
+            "event": event.model_dump(mode="json"),
+        }
+        try:
+            await self._send(record)
+        except REDIS_DOWN as exc:
+            logger.warning("Redis unreachable (%s); spooling usage event %s", exc, event.event_id)
+            await asyncio.to_thread(self.spool.append, record)
+            self._next_spool_scan = 0.0
+            metrics.usage_spool_events.inc()
+        else:
+            if time.monotonic() >= self._next_spool_scan:
+                await self.replay_spool()
+        metrics.usage_events.labels(event.tier, event.outcome).inc()
+
+    async def _send(self, record: dict[str, Any]) -> None:
+        event = UsageEvent.model_validate(record["event"])
+        await self._settle_script(
+            keys=[self.settings.usage_stream, f"cstack:settled:{event.event_id}"],
+            args=[
+                record["budget_prefix"],
+                record["period"],
+                event.event_id,
+                event.allowance_consumed_nano_usd,
+                event.model_dump_json(),
+                SETTLED_MARKER_TTL_S,
+            ],
+        )
+
+    async def replay_spool(self) -> int:
+        """Send every spooled event (this process's and any dead process's) to Redis."""
+        if self._replay_lock.locked():
+            return 0
+        async with self._replay_lock:
+            self._next_spool_scan = time.monotonic() + SPOOL_RESCAN_S
+            try:
+                sent = await self.spool.replay(self._send)
+            except REDIS_DOWN as exc:
+                logger.warning("spool replay stopped, Redis unreachable again: %s", exc)
+                sent = 0
+            remaining = await asyncio.to_thread(self.spool.pending_count)
+            metrics.usage_spool_events.set(remaining)
+            if sent:
+                logger.info("replayed %d spooled usage events", sent)
+            return sent
+
+    # -- queries -------------------------------------------------------------------
+
+    async def usage_summary(
+        self, org_id: str, start: date | None = None, end: date | None = None
+    ) -> dict[str, Any]:
+        from billing.summary import usage_summary
+
+        if self._ledger is None:
+            from billing.ledger import make_engine
+
+            self._ledger = make_engine(self.settings.ledger_url)
+        return await asyncio.to_thread(usage_summary, self._ledger, org_id, start, end)
+
+    async def aclose(self) -> None:
+        try:
+            await self.replay_spool()
+        finally:
+            # redis>=5 has aclose(); the bundled types-redis stubs predate it.
+            await cast(Any, self.redis).aclose()
+            if self._ledger is not None:
+                self._ledger.dispose()
