@@ -1,0 +1,1 @@
+"""Deploy: the `cstack` command line and the local stack runner (`cstack up`)."""

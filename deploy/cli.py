@@ -1,0 +1,31 @@
+"""The `cstack` command: each package contributes its own commands here.
+
+Heavy imports (torch, vLLM) stay inside the commands so that `cstack --help` is instant.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from deploy.up import up
+from serving.cli import model_app, serve
+
+app = typer.Typer(
+    name="cstack",
+    help="composer-stack: serve and train the composer-2.5 model family.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+worker_app = typer.Typer(help="Run Celery workers.", no_args_is_help=True)
+
+app.add_typer(model_app, name="model")
+app.command("serve")(serve)
+app.command("up")(up)
+
+# --- commands contributed by the other packages (one block each) ---
+
+app.add_typer(worker_app, name="worker")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,63 @@
+"""`cstack up`: bring the whole platform up locally and keep it up until Ctrl-C."""
+
+from __future__ import annotations
+
+import signal
+from typing import Annotated
+
+import typer
+
+from deploy.settings import DeploySettings
+from deploy.stack import LocalStack
+
+
+def up(
+    demo: Annotated[
+        bool,
+        typer.Option("--demo", help="After `ready:`, print a completion made with the openai SDK."),
+    ] = False,
+) -> None:
+    """Start embedded Valkey, the shared vLLM engine and the services on top of it.
+
+    Prints `ready: <base url>` once everything is healthy, then runs until Ctrl-C or
+    SIGTERM and stops everything it started. Configure with CSTACK_* variables
+    (CSTACK_REDIS_URL for an external Redis, CSTACK_MODEL_DIR for another checkpoint,
+    CSTACK_GATEWAY_PORT, CSTACK_VLLM_PORT, CSTACK_STATE_DIR).
+    """
+    from serving import ServerStartError
+
+    stack = LocalStack(DeploySettings(), say=lambda line: typer.echo(line))
+
+    def _request_stop(_signum: int, _frame: object) -> None:
+        stack.stopping.set()
+
+    signal.signal(signal.SIGTERM, _request_stop)
+    signal.signal(signal.SIGINT, _request_stop)
+    try:
+        stack.start()
+        typer.echo(f"ready: {stack.base_url}", color=False)
+        if demo:
+            typer.echo(f"demo completion: {demo_completion(stack.base_url)!r}")
+        died = stack.wait()
+        if died is not None:
+            typer.echo(f"error: {died.name} exited: {died.failure_cause()}", err=True)
+            raise typer.Exit(1)
+    except ServerStartError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    finally:
+        typer.echo("stopping")
+        stack.stop()
+        typer.echo("stopped")
+
+
+def demo_completion(base_url: str, api_key: str = "unused") -> str:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=base_url, api_key=api_key)
+    reply = client.chat.completions.create(
+        model="composer-2.5",
+        messages=[{"role": "user", "content": "Say hello."}],
+        max_tokens=16,
+    )
+    return reply.choices[0].message.content or ""

@@ -1,0 +1,22 @@
+"""Serving: tier variants, the vLLM launcher and the tiny dev/test checkpoint."""
+
+from serving.launcher import VllmServer
+from serving.process import ManagedProcess, ServerStartError
+from serving.profile import detect_profile
+from serving.settings import ServingSettings
+from serving.tiny import build_tiny_checkpoint
+from serving.variants import TIERS, Variant, VariantBook, VariantError, load_variants
+
+__all__ = [
+    "TIERS",
+    "ManagedProcess",
+    "ServerStartError",
+    "ServingSettings",
+    "Variant",
+    "VariantBook",
+    "VariantError",
+    "VllmServer",
+    "build_tiny_checkpoint",
+    "detect_profile",
+    "load_variants",
+]

@@ -1,0 +1,34 @@
+"""Build a ready-to-start VllmServer for a variant: the one place that knows the env."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from serving.launcher import VllmServer
+from serving.profile import detect_profile
+from serving.settings import ServingSettings
+from serving.variants import load_variants
+
+
+def engine_for_variant(
+    variant: str,
+    model_dir: Path,
+    port: int,
+    settings: ServingSettings | None = None,
+    log_path: Path | None = None,
+    host: str = "127.0.0.1",
+) -> VllmServer:
+    settings = settings or ServingSettings()
+    book = load_variants(settings.variants_file)
+    profile = detect_profile(settings.serving_profile)
+    args = book.cli_args(variant, profile)
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(settings.vllm_cpu_kvcache_gib)} if profile == "cpu" else {}
+    return VllmServer(
+        model_dir=Path(model_dir),
+        port=port,
+        host=host,
+        engine_args=args,
+        served_model_name=book.served_model_name,
+        log_path=log_path or settings.log_dir / f"vllm-{variant}-{port}.log",
+        env=env,
+    )

@@ -1,0 +1,39 @@
+"""Run vLLM's OpenAI server as a managed child process."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from serving.process import ManagedProcess
+
+
+class VllmServer(ManagedProcess):
+    def __init__(
+        self,
+        model_dir: Path,
+        port: int,
+        engine_args: Sequence[str] = (),
+        served_model_name: str = "composer-2.5",
+        host: str = "127.0.0.1",
+        log_path: Path = Path(".cstack/logs/vllm.log"),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.model_dir = Path(model_dir)
+        self.host = host
+        self.port = port
+        # `vllm serve` fails with the CPU build (it looks up metadata named `vllm`).
+        command = [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(self.model_dir),
+            "--served-model-name", served_model_name,
+            "--host", host,
+            "--port", str(port),
+            *engine_args,
+        ]  # fmt: skip
+        super().__init__("vLLM", command, log_path, f"{self.base_url}/health", env)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"

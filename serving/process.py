@@ -1,0 +1,132 @@
+"""A child process that is started, health-checked and stopped as one group.
+
+vLLM (and Celery) start processes of their own, so every child is put in a new process
+group: stopping it means signalling the whole group, the only way to leave no orphaned
+engine behind when the parent is asked to stop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+
+# Lines in a log that name why a start failed, most specific first.
+_CAUSE_PATTERNS = [
+    re.compile(r"\b(?:\w+\.)*\w*(?:Error|Exception): .+"),
+    re.compile(r"(?i)\berror\b[:\]].+"),
+]
+
+
+class ServerStartError(RuntimeError):
+    """The child exited or never became healthy; the message names the likely cause."""
+
+
+class ManagedProcess:
+    def __init__(
+        self,
+        name: str,
+        command: Sequence[str],
+        log_path: Path,
+        health_url: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.name = name
+        self.command = list(command)
+        self.log_path = Path(log_path)
+        self.health_url = health_url
+        self.env = dict(env or {})
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                self.command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **self.env},
+                start_new_session=True,
+            )
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        """Block until the health URL answers 200 (or, without one, until the child has
+        survived its first second); raise naming the cause if the child dies first."""
+        assert self.process is not None, "start() first"
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(timeout=2.0) as client:
+            while time.monotonic() < deadline:
+                code = self.process.poll()
+                if code is not None:
+                    raise ServerStartError(
+                        f"{self.name} exited with status {code} during start: "
+                        f"{self.failure_cause()} (log: {self.log_path})"
+                    )
+                if self.health_url is None:
+                    time.sleep(1.0)
+                    if self.process.poll() is None:
+                        return
+                    continue
+                try:
+                    if client.get(self.health_url).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.5)
+        self.stop()
+        raise ServerStartError(
+            f"{self.name} did not become healthy within {timeout_s:.0f}s (log: {self.log_path})"
+        )
+
+    def failure_cause(self) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()[-400:]
+        except OSError:
+            return "no log written"
+        for pattern in _CAUSE_PATTERNS:
+            for line in reversed(lines):
+                match = pattern.search(line)
+                if match:
+                    return match.group(0).strip()
+        return lines[-1].strip() if lines else "no output"
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        """SIGTERM the whole process group, then SIGKILL what is left after ``grace_s``."""
+        if self.process is None:
+            return
+        pgid = self.process.pid
+        _signal_group(pgid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            _signal_group(pgid, signal.SIGKILL)
+            self.process.wait()
+        # Grandchildren (engine workers) can outlive the leader by a moment.
+        deadline = time.monotonic() + grace_s
+        while _group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        _signal_group(pgid, signal.SIGKILL)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True

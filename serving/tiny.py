@@ -1,0 +1,185 @@
+"""Build the tiny DeepSeek-V3 checkpoint used in development, tests and CI.
+
+Everything is made here, from a seed: random weights through transformers' own
+``DeepseekV3ForCausalLM`` and a byte-level BPE tokenizer trained with ``tokenizers`` on a
+fixed corpus. Nothing is downloaded. The sizes are the smallest that vLLM's CPU build
+accepts (DESIGN.md: head_dim 64 for attention, kv_lora_rank 512 + rope 64 for MLA).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+SPECIAL_TOKENS = ["<|end_of_text|>", "<|begin_of_text|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
+BOS, EOS, PAD = "<|begin_of_text|>", "<|im_end|>", "<|pad|>"
+TOKENIZER_VOCAB = 1024
+
+# Hermes-style tool calls, so vLLM's `hermes` tool parser understands the model's output.
+CHAT_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\nYou can call these tools. Answer with "
+    '<tool_call>{"name": ..., "arguments": {...}}</tool_call>.\n<tools>\n'
+    "{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}</tools><|im_end|>\n{% endif %}"
+    "{% for message in messages %}"
+    "{% if message['content'] is string %}{% set text = message['content'] %}"
+    "{% elif message['content'] %}{% set text = message['content'] | map(attribute='text') "
+    "| join('') %}{% else %}{% set text = '' %}{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n{{ text }}"
+    "{% if message.get('tool_calls') %}{% for call in message['tool_calls'] %}"
+    '<tool_call>{"name": "{{ call[\'function\'][\'name\'] }}", "arguments": '
+    "{% if call['function']['arguments'] is string %}{{ call['function']['arguments'] }}"
+    "{% else %}{{ call['function']['arguments'] | tojson }}{% endif %}}</tool_call>"
+    "{% endfor %}{% endif %}"
+    "<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# A fixed corpus: the tokenizer depends on it alone, never on the seed or the machine.
+_CORPUS_LINES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "def add(a, b):\n    return a + b\n",
+    "class Stack:\n    def __init__(self):\n        self.items = []\n",
+    "import os\nimport sys\nfrom pathlib import Path\n",
+    "Hello! How can I help you today? Please write a short poem about the sea.",
+    "The model reads the prompt, thinks step by step and answers in plain English.",
+    "for i in range(10):\n    print(i * i)\n",
+    "if __name__ == '__main__':\n    main()\n",
+    "Tokens are billed per million: input, cached input and output.",
+    "Run the tests with pytest -q and fix the failing assertion.",
+    '{"name": "read_file", "arguments": {"path": "src/app.py"}}',
+    "<tool_call> </tool_call> <tools> </tools> system user assistant tool",
+    "0 1 2 3 4 5 6 7 8 9 10 100 1000 3.14 2.71 -1 +1 = == != <= >= ( ) [ ] { } : ; , .",
+    "Once upon a time there was a small model that learned to write code.",
+    "Error: file not found. Traceback (most recent call last): ValueError: bad input",
+]
+
+
+def _corpus() -> list[str]:
+    # Repetition with small variations gives BPE stable merge counts without randomness.
+    return [f"{line} {i}" for i in range(40) for line in _CORPUS_LINES]
+
+
+def train_tokenizer() -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=TOKENIZER_VOCAB,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_corpus(), trainer=trainer)
+    return tokenizer
+
+
+def tiny_config(vocab_size: int) -> dict[str, Any]:
+    """The DeepSeek-V3 hyper-parameters of the tiny checkpoint."""
+    return {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "vocab_size": vocab_size,
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "moe_intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "first_k_dense_replace": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "q_lora_rank": 96,
+        "kv_lora_rank": 512,
+        "qk_nope_head_dim": 64,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 64,
+        "n_routed_experts": 8,
+        "num_experts_per_tok": 2,
+        "n_shared_experts": 1,
+        "n_group": 1,
+        "topk_group": 1,
+        "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid",
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 2.5,
+        "hidden_act": "silu",
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "initializer_range": 0.02,
+    }
+
+
+def build_tiny_checkpoint(out: Path, seed: int = 0) -> Path:
+    """Write a complete HF checkpoint to ``out``; the same seed gives the same bytes."""
+    import torch
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    if seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed}")
+    out = Path(out)
+    if out.exists():
+        if any(out.iterdir()) and not (out / "config.json").exists():
+            # Only ever replace a previous checkpoint, never an arbitrary directory.
+            raise ValueError(f"{out} exists and is not a checkpoint; refusing to replace it")
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+
+    tokenizer = train_tokenizer()
+    special_ids = {tok: tokenizer.token_to_id(tok) for tok in SPECIAL_TOKENS}
+    vocab_size = tokenizer.get_vocab_size()
+    # Pad the embedding to a multiple of 64, as real checkpoints do.
+    padded_vocab = (vocab_size + 63) // 64 * 64
+
+    cfg = tiny_config(padded_vocab)
+    cfg.update(
+        bos_token_id=special_ids[BOS],
+        eos_token_id=special_ids[EOS],
+        pad_token_id=special_ids[PAD],
+    )
+    config = DeepseekV3Config(**{k: v for k, v in cfg.items() if k != "architectures"})
+    torch.manual_seed(seed)
+    model = DeepseekV3ForCausalLM(config).eval()
+    with torch.no_grad():
+        # transformers starts the routing bias at zero; a small seeded bias makes the
+        # checkpoint exercise the noaux_tc correction path that vLLM must honour.
+        for name, buf in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buf.copy_(torch.randn(buf.shape) * 0.01)
+    model.save_pretrained(out, safe_serialization=True)
+
+    # Rewrite config.json ourselves: deterministic key order, and the DeepSeek fields vLLM
+    # reads (topk_method, scoring_func) that transformers' config class may not persist.
+    saved = json.loads((out / "config.json").read_text())
+    saved.update(cfg)
+    saved["torch_dtype"] = "float32"
+    saved.pop("transformers_version", None)
+    (out / "config.json").write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
+    gen = {
+        "bos_token_id": special_ids[BOS],
+        "eos_token_id": special_ids[EOS],
+        "pad_token_id": special_ids[PAD],
+    }
+    (out / "generation_config.json").write_text(json.dumps(gen, indent=2, sort_keys=True) + "\n")
+
+    tokenizer.save(str(out / "tokenizer.json"))
+    tok_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": BOS,
+        "eos_token": EOS,
+        "pad_token": PAD,
+        "model_max_length": 4096,
+        "clean_up_tokenization_spaces": False,
+        "add_bos_token": False,
+        "chat_template": CHAT_TEMPLATE,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2, sort_keys=True))
+    (out / "special_tokens_map.json").write_text(
+        json.dumps({"bos_token": BOS, "eos_token": EOS, "pad_token": PAD}, indent=2)
+    )
+    return out

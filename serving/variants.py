@@ -1,0 +1,104 @@
+"""Variant specs: which vLLM engine arguments each tier is served with.
+
+The YAML file is the single source of truth; the Helm chart renders the same arguments
+(``cstack serve --print-args`` shows them), so production and the embedded stack cannot
+drift apart silently.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+TIERS = ("standard", "fast")
+
+
+class VariantError(ValueError):
+    """The variants file or a requested variant/profile is not usable."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    description: str
+    engine_args: dict[str, Any]
+    #: vLLM request priority per tier, only for an engine shared by several tiers.
+    tier_priority: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class VariantBook:
+    served_model_name: str
+    variants: dict[str, Variant]
+    profiles: dict[str, dict[str, Any]]
+
+    def variant(self, name: str) -> Variant:
+        try:
+            return self.variants[name]
+        except KeyError:
+            known = ", ".join(sorted(self.variants))
+            raise VariantError(f"unknown variant {name!r} (known: {known})") from None
+
+    def engine_args(self, variant: str, profile: str) -> dict[str, Any]:
+        """The variant's arguments with the profile overlaid (``None`` removes one)."""
+        if profile not in self.profiles:
+            known = ", ".join(sorted(self.profiles))
+            raise VariantError(f"unknown profile {profile!r} (known: {known})")
+        merged = dict(self.variant(variant).engine_args)
+        for key, value in self.profiles[profile].items():
+            if value is None:
+                merged.pop(key, None)
+            else:
+                merged[key] = value
+        return merged
+
+    def cli_args(self, variant: str, profile: str) -> list[str]:
+        """Engine arguments as vLLM command-line flags."""
+        return engine_args_to_cli(self.engine_args(variant, profile))
+
+
+def engine_args_to_cli(args: dict[str, Any]) -> list[str]:
+    flags: list[str] = []
+    for key, value in args.items():
+        flag = f"--{key}"
+        if value is True:
+            flags.append(flag)
+        elif value is False:
+            flags.append(f"--no-{key}")
+        elif isinstance(value, dict | list):
+            flags += [flag, json.dumps(value)]
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+def load_variants(path: Path) -> VariantBook:
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise VariantError(f"variants file not found: {path}") from None
+    except yaml.YAMLError as exc:
+        raise VariantError(f"variants file {path} is not valid YAML: {exc}") from None
+    if not isinstance(raw, dict) or "variants" not in raw:
+        raise VariantError(f"variants file {path} has no 'variants' section")
+    variants = {
+        name: Variant(
+            name=name,
+            description=str(spec.get("description", "")),
+            engine_args=dict(spec.get("engine_args") or {}),
+            tier_priority={k: int(v) for k, v in (spec.get("tier_priority") or {}).items()},
+        )
+        for name, spec in raw["variants"].items()
+    }
+    for tier in TIERS:
+        if tier not in variants:
+            raise VariantError(f"variants file {path} lacks the {tier!r} variant")
+    return VariantBook(
+        served_model_name=str(raw.get("served_model_name", "composer-2.5")),
+        variants=variants,
+        profiles={k: dict(v or {}) for k, v in (raw.get("profiles") or {}).items()},
+    )

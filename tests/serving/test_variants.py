@@ -1,0 +1,79 @@
+"""Variant specs: one file renders every tier's engine arguments."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from serving import ServingSettings, VariantError, load_variants
+from serving.variants import engine_args_to_cli
+from tests.conftest import cstack_command
+
+
+def book():  # type: ignore[no-untyped-def]
+    return load_variants(ServingSettings().variants_file)
+
+
+def test_fast_is_speculative_and_small_batch_in_production() -> None:
+    fast = book().engine_args("fast", "gpu")
+    standard = book().engine_args("standard", "gpu")
+    assert "deepseek_mtp" in fast["speculative-config"]
+    assert "speculative-config" not in standard
+    assert fast["max-num-seqs"] < standard["max-num-seqs"]
+
+
+def test_shared_engine_prioritises_fast() -> None:
+    shared = book().variant("shared")
+    assert shared.engine_args["scheduling-policy"] == "priority"
+    # vLLM schedules the lower number first.
+    assert shared.tier_priority["fast"] < shared.tier_priority["standard"]
+
+
+def test_cpu_profile_drops_gpu_only_arguments() -> None:
+    args = book().engine_args("fast", "cpu")
+    for gpu_only in ("tensor-parallel-size", "speculative-config", "gpu-memory-utilization"):
+        assert gpu_only not in args
+    assert args["max-model-len"] == 2048
+
+
+def test_cli_flags() -> None:
+    flags = engine_args_to_cli({"a-b": 1, "on": True, "off": False, "j": {"k": 1}})
+    assert flags == ["--a-b", "1", "--on", "--no-off", "--j", '{"k": 1}']
+
+
+def test_unknown_variant_and_profile_name_the_choices() -> None:
+    with pytest.raises(VariantError, match=r"unknown variant 'turbo' \(known: fast, shared"):
+        book().variant("turbo")
+    with pytest.raises(VariantError, match="unknown profile 'tpu'"):
+        book().engine_args("fast", "tpu")
+
+
+def test_bad_files(tmp_path: Path) -> None:
+    with pytest.raises(VariantError, match="not found"):
+        load_variants(tmp_path / "missing.yaml")
+    (tmp_path / "bad.yaml").write_text("variants: [unclosed")
+    with pytest.raises(VariantError, match="not valid YAML"):
+        load_variants(tmp_path / "bad.yaml")
+    (tmp_path / "partial.yaml").write_text("variants:\n  fast: {engine_args: {}}\n")
+    with pytest.raises(VariantError, match="lacks the 'standard' variant"):
+        load_variants(tmp_path / "partial.yaml")
+
+
+def test_serve_print_args_and_bad_variant(tiny_model: Path) -> None:
+    printed = subprocess.run(
+        cstack_command("serve", "--model", str(tiny_model), "--variant", "fast", "--print-args"),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "vllm.entrypoints.openai.api_server" in printed
+    assert "--served-model-name composer-2.5" in printed
+    bad = subprocess.run(
+        cstack_command("serve", "--model", str(tiny_model), "--variant", "turbo"),
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2
+    assert "--variant" in bad.stderr and "Traceback" not in bad.stderr
