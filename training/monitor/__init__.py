@@ -1,0 +1,39 @@
+"""Reward-hack monitor: deterministic rules over an episode's command log and diff."""
+
+from training.monitor.code_rules import (
+    ALWAYS_TRUE_EQ,
+    EXIT_OR_SKIP,
+    SPECIAL_CASING,
+    TEST_TAMPERING,
+)
+from training.monitor.command_rules import CACHE_OR_BYTECODE, DECOMPILER, NETWORK, VCS_HISTORY
+from training.monitor.evidence import CommandEntry, EpisodeEvidence, FileChange
+from training.monitor.monitor import check_episode, monitored_reward
+
+RULES = (
+    VCS_HISTORY,
+    CACHE_OR_BYTECODE,
+    DECOMPILER,
+    TEST_TAMPERING,
+    EXIT_OR_SKIP,
+    ALWAYS_TRUE_EQ,
+    SPECIAL_CASING,
+    NETWORK,
+)
+
+__all__ = [
+    "ALWAYS_TRUE_EQ",
+    "CACHE_OR_BYTECODE",
+    "DECOMPILER",
+    "EXIT_OR_SKIP",
+    "NETWORK",
+    "RULES",
+    "SPECIAL_CASING",
+    "TEST_TAMPERING",
+    "VCS_HISTORY",
+    "CommandEntry",
+    "EpisodeEvidence",
+    "FileChange",
+    "check_episode",
+    "monitored_reward",
+]
