@@ -1,0 +1,69 @@
+"""`cstack up`: embedded Valkey up and serving, `ready:` line, everything gone after."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.conftest import cstack_command, free_port
+
+pytestmark = pytest.mark.vllm
+
+
+def _read_until(proc: subprocess.Popen[str], pattern: str, timeout_s: float) -> list[str]:
+    """Lines printed until one matches; fails with everything printed if it never does."""
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            if proc.poll() is not None:
+                break
+            continue
+        lines.append(line.rstrip("\n"))
+        if re.search(pattern, line):
+            return lines
+    pytest.fail(f"never printed {pattern!r}; output:\n" + "\n".join(lines))
+
+
+def test_up_serves_and_stops_everything(vllm_url: str, tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "CSTACK_VLLM_URL": vllm_url,
+        "CSTACK_STATE_DIR": str(tmp_path / "state"),
+        "CSTACK_GATEWAY_PORT": str(free_port()),
+    }
+    env.pop("CSTACK_REDIS_URL", None)
+    proc = subprocess.Popen(
+        cstack_command("up", "--demo"),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        lines = _read_until(proc, r"^demo completion: ", timeout_s=600)
+        valkey_url = next(
+            line.split(": ", 1)[1] for line in lines if line.startswith("embedded valkey: ")
+        )
+        ready = [line for line in lines if line.startswith("ready: ")]
+        assert len(ready) == 1 and ready[0].startswith("ready: http://")
+        client = redis.Redis.from_url(valkey_url)
+        assert client.ping()
+        client.set("cstack:test:up", "1")
+        assert client.get("cstack:test:up") == b"1"
+        client.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    assert "stopped" in out
+    with pytest.raises(redis.ConnectionError):
+        redis.Redis.from_url(valkey_url, socket_connect_timeout=1).ping()
