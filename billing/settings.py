@@ -56,3 +56,5 @@ class BillingSettings(BaseSettings):
 
     #: Prometheus port of the billing worker / beat (none: no endpoint).
     metrics_port: int | None = None
+    #: Where `cstack beat` keeps its schedule state.
+    beat_schedule_file: Path = Path(".cstack/celerybeat-schedule")

@@ -13,12 +13,17 @@ from billing.events import UsageEvent
 from billing.ledger.schema import UsageAdjustment, UsageRow
 
 
-def _insert_ignoring_duplicates(connection: Connection, table: Any, key: str) -> Insert:
+def dialect_insert(connection: Connection, table: Any) -> Any:
+    """An INSERT with ON CONFLICT support (both ledger dialects spell it the same way)."""
     if connection.dialect.name == "postgresql":
-        return postgresql.insert(table).on_conflict_do_nothing(index_elements=[key])
+        return postgresql.insert(table)
     if connection.dialect.name == "sqlite":
-        return sqlite.insert(table).on_conflict_do_nothing(index_elements=[key])
+        return sqlite.insert(table)
     raise RuntimeError(f"the ledger supports SQLite and PostgreSQL, not {connection.dialect.name}")
+
+
+def insert_ignoring_duplicates(connection: Connection, table: Any, key: str) -> Insert:
+    return dialect_insert(connection, table).on_conflict_do_nothing(index_elements=[key])  # type: ignore[no-any-return]
 
 
 def usage_row_values(event: UsageEvent, recorded_at: datetime) -> dict[str, Any]:
@@ -36,7 +41,7 @@ def insert_usage_events(connection: Connection, events: Sequence[UsageEvent]) ->
     if not events:
         return 0
     now = datetime.now(UTC)
-    statement = _insert_ignoring_duplicates(connection, UsageRow.__table__, "event_id")
+    statement = insert_ignoring_duplicates(connection, UsageRow.__table__, "event_id")
     result = connection.execute(statement, [usage_row_values(e, now) for e in events])
     return int(result.rowcount or 0)
 
@@ -55,7 +60,7 @@ def add_adjustment(
 ) -> bool:
     """Record a correction; idempotent by ``adjustment_id``. Returns whether it was new."""
     now = datetime.now(UTC)
-    statement = _insert_ignoring_duplicates(
+    statement = insert_ignoring_duplicates(
         connection, UsageAdjustment.__table__, "adjustment_id"
     ).values(
         adjustment_id=adjustment_id,

@@ -1,0 +1,94 @@
+"""`cstack billing ...`, `cstack worker billing` and `cstack beat`.
+
+Celery, SQLAlchemy and the price book are imported inside the commands so that
+`cstack --help` stays instant.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import NoReturn
+
+import typer
+
+billing_app = typer.Typer(help="Billing: invoices and the usage ledger.", no_args_is_help=True)
+
+
+def _fail(message: str) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code=1)
+
+
+@billing_app.command("invoice-preview")
+def invoice_preview(
+    org: str = typer.Option(..., "--org", help="The organization to preview."),
+    period: str = typer.Option(
+        "", "--period", help="Billing period as YYYY-MM (default: the current month)."
+    ),
+) -> None:
+    """Print the period's invoice lines for ORG, each rounded to cents once."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from billing.invoice import current_period
+    from billing.invoice import invoice_preview as build_preview
+    from billing.ledger import make_engine, migrate
+    from billing.pricing import PriceBookError, pricebook_from_path
+    from billing.settings import BillingSettings
+
+    settings = BillingSettings()
+    try:
+        book = pricebook_from_path(settings.pricebook_path)
+        engine = make_engine(settings.ledger_url)
+        migrate(engine)
+        preview = build_preview(engine, book, org, period or current_period())
+    except (PriceBookError, ValueError) as exc:
+        _fail(str(exc))
+    except SQLAlchemyError as exc:
+        _fail(
+            f"cannot read the ledger: {exc.__class__.__name__}: {exc.args[0] if exc.args else ''}"
+        )
+        return
+    typer.echo(preview.render())
+
+
+@billing_app.command("migrate")
+def migrate_ledger() -> None:
+    """Bring the ledger's schema up to date (the worker does this on start too)."""
+    from billing.ledger import make_engine, migrate
+    from billing.settings import BillingSettings
+
+    migrate(make_engine(BillingSettings().ledger_url))
+    typer.echo("ledger schema is up to date")
+
+
+def worker_billing(
+    concurrency: int = typer.Option(2, help="Worker threads."),
+    loglevel: str = typer.Option("INFO", help="Celery log level."),
+) -> None:
+    """Run the billing worker: usage stream -> ledger, ledger -> Stripe."""
+    from prometheus_client import start_http_server
+
+    from billing.worker import celery_app, prepare, settings
+
+    prepare()
+    if settings.metrics_port:
+        start_http_server(settings.metrics_port)
+    celery_app.worker_main(
+        [
+            "worker",
+            "--queues=billing",
+            "--pool=threads",
+            f"--concurrency={concurrency}",
+            f"--loglevel={loglevel}",
+            f"--hostname=billing-{os.getpid()}@{socket.gethostname()}",
+        ]
+    )
+
+
+def beat(loglevel: str = typer.Option("INFO", help="Celery log level.")) -> None:
+    """Run Celery beat: schedules stream draining and Stripe sync for the billing worker."""
+    from billing.worker import celery_app, settings
+
+    settings.beat_schedule_file.parent.mkdir(parents=True, exist_ok=True)
+    celery_app.Beat(loglevel=loglevel).run()

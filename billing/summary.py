@@ -1,0 +1,116 @@
+"""An org's usage for ``GET /v1/usage``: tokens and money by day and tier, from the ledger.
+
+Adjustment rows are folded into the day and tier they take effect on, so a correction
+shows up where it applies without rewriting history.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import UTC, date, datetime, time, timedelta
+from typing import Any
+
+from sqlalchemy import Engine, func, select
+
+from billing.ledger import UsageAdjustment, UsageRow
+from billing.money import format_nano_usd
+
+MONEY_FIELDS = ("list_cost", "allowance_used", "promotion_savings")
+COUNT_FIELDS = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens")
+
+
+def _bounds(start: date | None, end: date | None) -> tuple[date, date]:
+    today = datetime.now(UTC).date()
+    first = start or today.replace(day=1)
+    last = end or today
+    if last < first:
+        raise ValueError(f"end ({last}) is before start ({first})")
+    return first, last
+
+
+def _instant(day: date) -> datetime:
+    return datetime.combine(day, time(0), tzinfo=UTC)
+
+
+def _as_date(value: Any) -> date:
+    if isinstance(value, datetime):
+        return value.date()
+    if isinstance(value, date):
+        return value
+    return date.fromisoformat(str(value)[:10])
+
+
+def _with_money_strings(bucket: dict[str, Any]) -> dict[str, Any]:
+    out = dict(bucket)
+    for name in MONEY_FIELDS:
+        out[name] = format_nano_usd(bucket[f"{name}_nano_usd"])
+    return out
+
+
+def usage_summary(
+    engine: Engine, org_id: str, start: date | None = None, end: date | None = None
+) -> dict[str, Any]:
+    """Usage of ``org_id`` from ``start`` to ``end`` inclusive (default: this month so far)."""
+    first, last = _bounds(start, end)
+    lower, upper = _instant(first), _instant(last + timedelta(days=1))
+    day = func.date(UsageRow.started_at)
+    usage = (
+        select(
+            day.label("day"),
+            UsageRow.tier,
+            func.count().label("requests"),
+            func.sum(UsageRow.prompt_tokens).label("prompt_tokens"),
+            func.sum(UsageRow.cached_tokens).label("cached_tokens"),
+            func.sum(UsageRow.completion_tokens).label("completion_tokens"),
+            func.sum(UsageRow.list_cost_nano_usd).label("list_cost"),
+            func.sum(UsageRow.allowance_consumed_nano_usd).label("allowance"),
+        )
+        .where(UsageRow.org_id == org_id)
+        .where(UsageRow.started_at >= lower, UsageRow.started_at < upper)
+        .group_by(day, UsageRow.tier)
+    )
+    adjustment_day = func.date(UsageAdjustment.effective_at)
+    adjustments = (
+        select(
+            adjustment_day.label("day"),
+            UsageAdjustment.tier,
+            func.sum(UsageAdjustment.list_cost_delta_nano_usd).label("list_cost"),
+            func.sum(UsageAdjustment.allowance_delta_nano_usd).label("allowance"),
+        )
+        .where(UsageAdjustment.org_id == org_id)
+        .where(UsageAdjustment.effective_at >= lower, UsageAdjustment.effective_at < upper)
+        .group_by(adjustment_day, UsageAdjustment.tier)
+    )
+    buckets: dict[tuple[date, str], dict[str, int]] = defaultdict(
+        lambda: dict.fromkeys((*COUNT_FIELDS, *(f"{m}_nano_usd" for m in MONEY_FIELDS)), 0)
+    )
+    with engine.connect() as connection:
+        for row in connection.execute(usage):
+            bucket = buckets[(_as_date(row.day), row.tier)]
+            for name in COUNT_FIELDS:
+                bucket[name] += int(getattr(row, name) or 0)
+            bucket["list_cost_nano_usd"] += int(row.list_cost or 0)
+            bucket["allowance_used_nano_usd"] += int(row.allowance or 0)
+        for row in connection.execute(adjustments):
+            bucket = buckets[(_as_date(row.day), row.tier)]
+            bucket["list_cost_nano_usd"] += int(row.list_cost or 0)
+            bucket["allowance_used_nano_usd"] += int(row.allowance or 0)
+    totals = dict.fromkeys((*COUNT_FIELDS, *(f"{m}_nano_usd" for m in MONEY_FIELDS)), 0)
+    data = []
+    for (day_value, tier), bucket in sorted(buckets.items()):
+        bucket["promotion_savings_nano_usd"] = (
+            bucket["list_cost_nano_usd"] - bucket["allowance_used_nano_usd"]
+        )
+        for name, value in bucket.items():
+            totals[name] += value
+        data.append({"date": day_value.isoformat(), "tier": tier, **_with_money_strings(bucket)})
+    return {
+        "object": "usage",
+        "org_id": org_id,
+        "start": first.isoformat(),
+        "end": last.isoformat(),
+        "currency": "usd",
+        "metered": True,
+        "totals": _with_money_strings(totals),
+        "data": data,
+    }

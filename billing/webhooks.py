@@ -1,0 +1,127 @@
+"""Stripe webhook handling: verified, deduplicated, and turned into org suspensions.
+
+Redis is updated before the ledger commit that records the event as handled: if Redis is
+down the endpoint fails, Stripe redelivers, and the (idempotent) Redis update is retried.
+Admission reads suspension from Redis; the ledger keeps the durable record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import stripe
+from redis.asyncio import Redis
+from sqlalchemy import Connection, Engine, select
+
+from billing.ledger import OrgSuspension, StripeWebhookEvent, UsageRow, make_engine, migrate
+from billing.ledger.writes import dialect_insert, insert_ignoring_duplicates
+from billing.redis_meter import suspended_customer_key, suspended_org_key
+from billing.settings import BillingSettings
+
+SUSPENDING = "invoice.payment_failed"
+LIFTING = "invoice.paid"
+
+
+class WebhookSignatureInvalid(ValueError):
+    """The payload is not signed by our Stripe endpoint secret."""
+
+
+@dataclass(frozen=True)
+class WebhookOutcome:
+    event_id: str
+    type: str
+    duplicate: bool
+    org_id: str | None = None
+
+
+def verify(payload: bytes, signature: str | None, secret: str) -> dict[str, Any]:
+    """Check ``Stripe-Signature`` with stripe-python's own verification."""
+    try:
+        event = stripe.Webhook.construct_event(payload.decode("utf-8"), signature, secret)
+    except (stripe.SignatureVerificationError, ValueError, UnicodeDecodeError) as exc:
+        raise WebhookSignatureInvalid(str(exc)) from None
+    return dict(event.to_dict())
+
+
+def _org_for(connection: Connection, invoice: dict[str, Any]) -> str | None:
+    metadata = invoice.get("metadata") or {}
+    if metadata.get("org_id"):
+        return str(metadata["org_id"])
+    customer = invoice.get("customer")
+    if not customer:
+        return None
+    return connection.execute(
+        select(UsageRow.org_id).where(UsageRow.customer_id == customer).limit(1)
+    ).scalar_one_or_none()
+
+
+class WebhookService:
+    def __init__(self, settings: BillingSettings) -> None:
+        self.settings = settings
+        self.redis = Redis.from_url(settings.redis_url)
+        self.engine: Engine = make_engine(settings.ledger_url)
+        self._migrated = False
+
+    def _seen(self, event_id: str) -> bool:
+        if not self._migrated:
+            migrate(self.engine)
+            self._migrated = True
+        with self.engine.connect() as connection:
+            found = connection.execute(
+                select(StripeWebhookEvent.event_id).where(StripeWebhookEvent.event_id == event_id)
+            ).first()
+        return found is not None
+
+    def _resolve_org(self, invoice: dict[str, Any]) -> str | None:
+        with self.engine.connect() as connection:
+            return _org_for(connection, invoice)
+
+    def _record(self, event: dict[str, Any], org_id: str | None, suspended: bool | None) -> bool:
+        now = datetime.now(UTC)
+        with self.engine.begin() as connection:
+            statement = insert_ignoring_duplicates(
+                connection, StripeWebhookEvent.__table__, "event_id"
+            ).values(event_id=event["id"], type=event["type"], received_at=now)
+            if not connection.execute(statement).rowcount:
+                return False
+            if org_id is not None and suspended is not None:
+                invoice = event["data"]["object"]
+                values = {
+                    "org_id": org_id,
+                    "customer_id": invoice.get("customer"),
+                    "suspended": suspended,
+                    "reason": event["type"],
+                    "updated_at": now,
+                }
+                connection.execute(
+                    dialect_insert(connection, OrgSuspension.__table__)
+                    .values(**values)
+                    .on_conflict_do_update(index_elements=["org_id"], set_=values)
+                )
+        return True
+
+    async def handle(self, event: dict[str, Any]) -> WebhookOutcome:
+        event_id, event_type = str(event["id"]), str(event["type"])
+        if await asyncio.to_thread(self._seen, event_id):
+            return WebhookOutcome(event_id, event_type, duplicate=True)
+        suspended: bool | None = None
+        org_id: str | None = None
+        if event_type in (SUSPENDING, LIFTING):
+            suspended = event_type == SUSPENDING
+            invoice = event["data"]["object"]
+            org_id = await asyncio.to_thread(self._resolve_org, invoice)
+            keys = [suspended_org_key(org_id)] if org_id else []
+            if invoice.get("customer"):
+                keys.append(suspended_customer_key(str(invoice["customer"])))
+            pipe = self.redis.pipeline(transaction=True)
+            for key in keys:
+                if suspended:
+                    pipe.set(key, event_id)
+                else:
+                    pipe.delete(key)
+            await pipe.execute()
+        new = await asyncio.to_thread(self._record, event, org_id, suspended)
+        return WebhookOutcome(event_id, event_type, duplicate=not new, org_id=org_id)

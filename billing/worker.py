@@ -1,0 +1,98 @@
+"""The billing Celery app: beat asks, the worker drains the usage stream and syncs Stripe.
+
+Beat enqueues short, expiring tasks on a fixed cadence; any number of workers may run them
+concurrently (the consumer group splits the stream, a Redis lock serialises Stripe sync).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict
+from datetime import UTC, datetime
+from functools import cache
+from typing import Any
+
+from celery import Celery
+from redis import Redis
+from sqlalchemy import Engine
+
+from billing.consumer import UsageStreamConsumer
+from billing.ledger import make_engine, migrate
+from billing.pricing import pricebook_from_path
+from billing.settings import BillingSettings
+from billing.stripe_sync import sync_stripe
+
+logger = logging.getLogger(__name__)
+
+QUEUE = "billing"
+STRIPE_LOCK = "cstack:billing:stripe-sync-lock"
+
+
+def make_celery(settings: BillingSettings) -> Celery:
+    app = Celery("cstack-billing", broker=settings.redis_url)
+    drain_every = settings.ledger_drain_interval_s
+    app.conf.update(
+        task_default_queue=QUEUE,
+        task_ignore_result=True,
+        worker_prefetch_multiplier=1,
+        broker_connection_retry_on_startup=True,
+        timezone="UTC",
+        beat_schedule_filename=str(settings.beat_schedule_file),
+        beat_schedule={
+            "drain-usage-stream": {
+                "task": "billing.drain_usage_stream",
+                "schedule": drain_every,
+                # A backlog of drain requests is pointless: one drain empties the stream.
+                "options": {"expires": max(5.0, 5 * drain_every)},
+            },
+            "sync-stripe": {
+                "task": "billing.sync_stripe",
+                "schedule": settings.stripe_sync_interval_s,
+                "options": {"expires": settings.stripe_sync_interval_s},
+            },
+        },
+    )
+    return app
+
+
+settings = BillingSettings()
+celery_app = make_celery(settings)
+
+
+@cache
+def ledger() -> Engine:
+    return make_engine(settings.ledger_url)
+
+
+@cache
+def redis() -> Redis:
+    return Redis.from_url(settings.redis_url)
+
+
+def prepare(current: BillingSettings = settings) -> None:
+    """Run before a worker starts: ledger schema at head, consumer group present."""
+    migrate(ledger())
+    UsageStreamConsumer(redis(), ledger(), current).ensure_group()
+
+
+@celery_app.task(name="billing.drain_usage_stream")
+def drain_usage_stream() -> dict[str, Any]:
+    consumer = UsageStreamConsumer(redis(), ledger(), settings)
+    result = consumer.drain(max_seconds=max(5.0, 5 * settings.ledger_drain_interval_s))
+    return asdict(result)
+
+
+@celery_app.task(name="billing.sync_stripe")
+def sync_stripe_task() -> dict[str, Any]:
+    if settings.stripe_api_key is None:
+        logger.info("Stripe sync skipped: CSTACK_STRIPE_API_KEY is not set")
+        return {"skipped": True}
+    lock = redis().lock(STRIPE_LOCK, timeout=600, blocking=False)
+    if not lock.acquire():
+        return {"skipped": True}
+    try:
+        book = pricebook_from_path(settings.pricebook_path)
+        sent, failed = sync_stripe(ledger(), book, settings, datetime.now(UTC))
+        return {"sent": sent, "failed": failed}
+    finally:
+        lock.release()
