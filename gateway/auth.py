@@ -1,0 +1,116 @@
+"""Bearer-key authentication with a short in-process cache that revocations cannot outlive.
+
+Verified keys are cached by digest so the hot path costs no Redis round trip. A background
+task polls the revocation epoch (``gateway.keys.EPOCH_KEY``) every ``revocation_poll_s``
+and clears the cache when it moves. A cached entry is trusted only while the last poll
+was *issued* less than ``revocation_staleness_s`` ago, so a revocation committed before
+that moment has been seen: with the defaults a revoked key stops working on every replica
+within 1 s, and if Redis stops answering the cache is bypassed rather than trusted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+
+from redis.exceptions import RedisError
+
+from gateway.errors import GatewayError, unauthorized
+from gateway.keys import ApiKey, KeyStore, digest
+
+logger = logging.getLogger(__name__)
+CACHE_MAX_ENTRIES = 100_000
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: the key's record and its org's billing customer."""
+
+    key: ApiKey
+    customer_id: str | None
+
+
+class Authenticator:
+    def __init__(
+        self, store: KeyStore, cache_ttl_s: float, poll_s: float, staleness_s: float
+    ) -> None:
+        self._store = store
+        self._cache_ttl_s = cache_ttl_s
+        self._poll_s = poll_s
+        self._staleness_s = staleness_s
+        self._cache: dict[str, tuple[Principal, float]] = {}
+        #: Bumped on every cache clear; a lookup that raced a clear is not cached.
+        self._generation = 0
+        self._epoch: int | None = None
+        self._epoch_checked_at = float("-inf")
+        self._task: asyncio.Task[None] | None = None
+
+    async def authenticate(self, authorization: str | None) -> Principal:
+        if not authorization:
+            raise unauthorized("Missing API key: send it as 'Authorization: Bearer <key>'.")
+        scheme, _, token = authorization.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise unauthorized("Malformed Authorization header: expected 'Bearer <key>'.")
+        token_digest = digest(token)
+        now = time.monotonic()
+        cached = self._cache.get(token_digest)
+        if (
+            cached is not None
+            and cached[1] > now
+            and now - self._epoch_checked_at < self._staleness_s
+        ):
+            return cached[0]
+        generation = self._generation
+        try:
+            principal = await self._lookup(token)
+        except (RedisError, OSError) as exc:
+            raise GatewayError(
+                503, "API key store unavailable", type="server_error", code="auth_unavailable"
+            ) from exc
+        if principal is None:
+            raise unauthorized("Incorrect, unknown or revoked API key.")
+        if generation == self._generation:
+            if len(self._cache) >= CACHE_MAX_ENTRIES:
+                self._cache.pop(next(iter(self._cache)))
+            self._cache[token_digest] = (principal, now + self._cache_ttl_s)
+        return principal
+
+    async def _lookup(self, token: str) -> Principal | None:
+        key = await self._store.verify(token)
+        if key is None:
+            return None
+        org = await self._store.get_org(key.org_id)
+        return Principal(key, (org.customer_id or None) if org else None)
+
+    def invalidate(self) -> None:
+        self._generation += 1
+        self._cache.clear()
+
+    async def poll_epoch(self) -> None:
+        issued_at = time.monotonic()
+        epoch = await self._store.epoch()
+        if epoch != self._epoch:
+            self._epoch = epoch
+            self.invalidate()
+        self._epoch_checked_at = issued_at
+
+    async def _poll_loop(self) -> None:
+        while True:
+            try:
+                await self.poll_epoch()
+            except Exception as exc:  # keep polling; stale epochs already bypass the cache
+                logger.warning("revocation epoch poll failed: %s", type(exc).__name__)
+            await asyncio.sleep(self._poll_s)
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._poll_loop())
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task

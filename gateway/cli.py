@@ -1,0 +1,148 @@
+"""``cstack gateway`` (serve) and ``cstack keys ...`` (manage API keys from the shell)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import typer
+
+T = TypeVar("T")
+
+keys_app = typer.Typer(help="Create, revoke and list API keys (talks to Redis directly).")
+
+
+def gateway(
+    host: Annotated[str | None, typer.Option(help="Bind address [env CSTACK_HOST].")] = None,
+    port: Annotated[int | None, typer.Option(help="Port [env CSTACK_PORT].")] = None,
+    upstream_url: Annotated[
+        str | None,
+        typer.Option(help="vLLM base URL for both tiers [env CSTACK_UPSTREAM_URL]."),
+    ] = None,
+    fast_upstream_urls: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated fast-tier replicas [env CSTACK_FAST_UPSTREAM_URLS]."),
+    ] = None,
+    standard_upstream_urls: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated standard-tier replicas [env CSTACK_STANDARD_UPSTREAM_URLS]."
+        ),
+    ] = None,
+    redis_url: Annotated[str | None, typer.Option(help="Redis URL [env CSTACK_REDIS_URL].")] = None,
+    log_level: Annotated[str | None, typer.Option(help="Log level [env CSTACK_LOG_LEVEL].")] = None,
+) -> None:
+    """Run the OpenAI-compatible gateway in front of the vLLM pools."""
+    import importlib.util
+
+    import uvicorn
+
+    from billing.meter import UnmeteredMeter
+    from gateway.app import create_app
+
+    overrides = {
+        "host": host,
+        "port": port,
+        "upstream_url": upstream_url,
+        "fast_upstream_urls": fast_upstream_urls,
+        "standard_upstream_urls": standard_upstream_urls,
+        "redis_url": redis_url,
+        "log_level": log_level,
+    }
+    settings = _settings(**{k: v for k, v in overrides.items() if v is not None})
+    app = create_app(settings, UnmeteredMeter())
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        access_log=False,
+        loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
+        http="httptools" if importlib.util.find_spec("httptools") else "h11",
+    )
+
+
+@keys_app.command("create")
+def create_key(
+    org: Annotated[str, typer.Option(help="Org id; created if it does not exist.")],
+    plan: Annotated[str, typer.Option(help="Billing plan (default: the org's).")] = "",
+    name: Annotated[str, typer.Option(help="A label to recognise the key by.")] = "",
+) -> None:
+    """Create an API key and print it (the only time it is shown)."""
+    from gateway.keys import KeyStoreError
+
+    async def create(store: Any) -> tuple[str, Any]:
+        if await store.get_org(org) is None:
+            await store.create_org(org, plan=plan)
+            typer.echo(f"created org {org}", err=True)
+        return await store.create_key(org, plan=plan, name=name)
+
+    try:
+        token, record = _with_store(create)
+    except KeyStoreError as exc:
+        _fail(str(exc))
+    typer.echo(f"key_id: {record.key_id}\norg: {record.org_id}\nplan: {record.plan}")
+    typer.echo(f"key: {token}")
+    typer.echo("Store the key now: it is not kept and cannot be shown again.", err=True)
+
+
+@keys_app.command("revoke")
+def revoke_key(key_id: Annotated[str, typer.Argument(help="The key's id (not the key).")]) -> None:
+    """Revoke a key; every gateway replica refuses it within a second."""
+    from gateway.keys import KeyStoreError
+
+    try:
+        record = _with_store(lambda store: store.revoke_key(key_id))
+    except KeyStoreError as exc:
+        _fail(str(exc))
+    typer.echo(f"revoked {record.key_id} (org {record.org_id})")
+
+
+@keys_app.command("list")
+def list_keys(org: Annotated[str, typer.Option(help="Org id.")]) -> None:
+    """List an org's keys (ids and state, never the keys themselves)."""
+    records = _with_store(lambda store: store.list_keys(org))
+    if not records:
+        typer.echo(f"no keys for org {org}", err=True)
+    for record in records:
+        state = "revoked" if record.revoked_at is not None else "active"
+        typer.echo(f"{record.key_id}\t{state}\t{record.plan}\t{record.name}")
+
+
+def _settings(**overrides: Any) -> Any:
+    from pydantic import ValidationError
+
+    from gateway.settings import GatewaySettings
+
+    try:
+        return GatewaySettings(**overrides)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        _fail(f"invalid setting {'.'.join(map(str, first['loc']))}: {first['msg']}")
+
+
+def _with_store(action: Callable[[Any], Awaitable[T]]) -> T:
+    from redis.asyncio import Redis
+    from redis.exceptions import RedisError
+
+    from gateway.keys import KeyStore
+
+    settings = _settings()
+
+    async def run() -> T:
+        redis = Redis.from_url(settings.redis_url)
+        try:
+            return await action(KeyStore(redis, settings.default_plan))
+        finally:
+            await redis.aclose()  # type: ignore[attr-defined]  # stubs predate aclose
+
+    try:
+        return asyncio.run(run())
+    except (RedisError, OSError) as exc:
+        _fail(f"cannot reach Redis at CSTACK_REDIS_URL ({type(exc).__name__}: {exc})")
+
+
+def _fail(message: str) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(1)

@@ -1,0 +1,58 @@
+"""The gateway's Prometheus metrics (names fixed by the metrics contract; no key/org labels).
+
+Each app gets its own registry so several gateways can live in one process (tests, the
+benchmark); ``/metrics`` renders it together with the process-wide default registry, where
+the billing meter registers its own ``cstack_`` metrics.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import generate_latest
+
+ROUTES = ("chat", "completions", "models", "usage", "other")
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "cstack_requests", "Requests answered.", ["tier", "route", "status"], registry=r
+        )
+        self.duration = Histogram(
+            "cstack_request_duration_seconds",
+            "Whole-request latency, streams until their last byte.",
+            ["tier", "route"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "cstack_time_to_first_token_seconds",
+            "Time from request arrival to the first streamed token.",
+            ["tier"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tokens = Counter(
+            "cstack_tokens", "Tokens as vLLM counted them.", ["tier", "direction"], registry=r
+        )
+        self.upstream_errors = Counter(
+            "cstack_upstream_errors", "Upstream failures.", ["tier", "kind"], registry=r
+        )
+        self.upstream_retries = Counter(
+            "cstack_upstream_retries", "Requests retried on another replica.", ["tier"], registry=r
+        )
+        self.inflight = Gauge(
+            "cstack_inflight_requests", "Requests being served.", ["tier"], registry=r
+        )
+        self.upstream_healthy = Gauge(
+            "cstack_upstream_healthy", "Healthy replicas in the pool.", ["tier"], registry=r
+        )
+        self.upstream_replicas = Gauge(
+            "cstack_upstream_replicas", "Configured replicas in the pool.", ["tier"], registry=r
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry) + generate_latest(REGISTRY)

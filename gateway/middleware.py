@@ -1,0 +1,84 @@
+"""Pure ASGI middleware: request ids, request metrics, and a last-resort error body.
+
+Written against raw ASGI rather than ``BaseHTTPMiddleware`` because it sits on the hot
+path of every request and must not buffer or re-wrap streaming bodies.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+
+import pydantic_core
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.errors import error_body
+from gateway.metrics import GatewayMetrics
+
+logger = logging.getLogger(__name__)
+
+#: The gateway's own unique id per request (billing's idempotency key, upstream's id).
+REQUEST_ID = "cstack.request_id"
+#: The tier that served the request, once known (metrics label).
+TIER = "cstack.tier"
+ROUTES = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/models": "models",
+    "/v1/usage": "usage",
+}
+CLIENT_REQUEST_ID = re.compile(rb"^[\x21-\x7e]{1,128}$")
+
+
+class RequestContextMiddleware:
+    def __init__(self, app: ASGIApp, metrics: GatewayMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        own_id = f"req_{uuid.uuid4().hex}"
+        scope[REQUEST_ID] = own_id
+        # A client's own id is echoed back (it is theirs to correlate with), but billing
+        # and upstreams use the gateway's: a client could reuse ids and dedupe its usage.
+        header_id = own_id.encode()
+        for name, value in scope["headers"]:
+            if name == b"x-request-id":
+                if CLIENT_REQUEST_ID.match(value):
+                    header_id = value
+                break
+        status = 500
+        response_started = False
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status, response_started
+            if message["type"] == "http.response.start":
+                response_started = True
+                status = message["status"]
+                message["headers"] = [*message.get("headers", ()), (b"x-request-id", header_id)]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception:
+            logger.exception("unhandled error serving request %s", own_id)
+            if not response_started:
+                await send_with_id(
+                    {
+                        "type": "http.response.start",
+                        "status": 500,
+                        "headers": [(b"content-type", b"application/json")],
+                    }
+                )
+                body = error_body("internal gateway error", "server_error", None, "internal_error")
+                await send({"type": "http.response.body", "body": pydantic_core.to_json(body)})
+        finally:
+            route = ROUTES.get(scope["path"], "other")
+            tier = scope.get(TIER, "none")
+            self.metrics.requests.labels(tier, route, str(status)).inc()
+            self.metrics.duration.labels(tier, route).observe(time.perf_counter() - started)

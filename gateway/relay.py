@@ -1,0 +1,276 @@
+"""Forwarding one admitted request to its tier's pool and relaying the answer back.
+
+Every request admitted by billing ends in exactly one ``Meter.settle``, however it ends:
+complete, client disconnect (the upstream connection is closed so vLLM aborts the
+request), or upstream error. A client disconnect is watched for while waiting on the
+upstream, streaming or not, so generation stops as soon as nobody is listening.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import httpx
+import pydantic_core
+from fastapi.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from billing.meter import Admission, Meter, Outcome, UsageReport
+from gateway.auth import Principal
+from gateway.errors import GatewayError, upstream_unavailable
+from gateway.metrics import GatewayMetrics
+from gateway.sse import StreamRewriter, error_event
+from gateway.tiers import TierRoute
+from gateway.upstream import NoUpstreamAvailable, UpstreamPool, UpstreamResponse, UpstreamTimeout
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+SendEvent = Callable[[bytes], Awaitable[None]]
+
+
+@dataclass
+class Exchange:
+    """One admitted request on its way through the gateway."""
+
+    request_id: str
+    route: TierRoute
+    principal: Principal
+    admission: Admission
+    started_at: datetime
+    started: float = field(default_factory=time.perf_counter)
+    settled: bool = False
+
+
+class ClientGone(Exception):
+    """The client disconnected before the answer was ready."""
+
+
+async def wait_for_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def until_disconnect(receive: Receive, work: Awaitable[T]) -> T:
+    """Run ``work`` unless the client hangs up first (then cancel it: ``ClientGone``)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(wait_for_disconnect(receive))
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise ClientGone()
+    return task.result()
+
+
+class Relay:
+    def __init__(self, pools: dict[str, UpstreamPool], meter: Meter, metrics: GatewayMetrics):
+        self._pools = pools
+        self._meter = meter
+        self._metrics = metrics
+
+    async def settle(self, exchange: Exchange, outcome: Outcome, usage: dict[str, Any]) -> None:
+        """Report usage once; billing errors are logged, never turned into client errors."""
+        if exchange.settled:
+            return
+        exchange.settled = True
+        route = exchange.route
+        prompt = int(usage.get("prompt_tokens") or 0)
+        completion = int(usage.get("completion_tokens") or 0)
+        cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        self._metrics.inflight.labels(route.tier).dec()
+        self._metrics.tokens.labels(route.tier, "input").inc(prompt)
+        self._metrics.tokens.labels(route.tier, "output").inc(completion)
+        key = exchange.principal.key
+        report = UsageReport(
+            request_id=exchange.request_id,
+            org_id=key.org_id,
+            key_id=key.key_id,
+            model=route.public_model,
+            tier=route.tier,
+            prompt_tokens=prompt,
+            cached_tokens=cached,
+            completion_tokens=completion,
+            started_at=exchange.started_at,
+            ended_at=datetime.now(UTC),
+            outcome=outcome,
+            customer_id=exchange.principal.customer_id,
+        )
+        try:
+            await self._meter.settle(exchange.admission, report)
+        except Exception:
+            logger.exception("billing settle failed for request %s", exchange.request_id)
+
+    async def open(self, exchange: Exchange, path: str, body: bytes) -> UpstreamResponse:
+        self._metrics.inflight.labels(exchange.route.tier).inc()
+        headers = {"content-type": "application/json", "x-request-id": exchange.request_id}
+        pool = self._pools[exchange.route.tier]
+        try:
+            return await pool.open(path, body, headers)
+        except NoUpstreamAvailable as exc:
+            await self.settle(exchange, "upstream_error", {})
+            raise upstream_unavailable(f"No upstream could serve the request: {exc}") from None
+        except UpstreamTimeout as exc:
+            await self.settle(exchange, "upstream_error", {})
+            raise upstream_unavailable(str(exc), status_code=504) from None
+        except BaseException:
+            await self.settle(exchange, "client_disconnect", {})
+            raise
+
+    async def complete(
+        self, exchange: Exchange, receive: Receive, path: str, body: bytes
+    ) -> Response:
+        """A non-streaming request: the whole answer, rewritten, in one response."""
+
+        async def call_upstream() -> tuple[int, bytes]:
+            upstream = await self.open(exchange, path, body)
+            try:
+                return upstream.response.status_code, await upstream.response.aread()
+            except httpx.TimeoutException:
+                self._pools[exchange.route.tier].count_error("timeout")
+                await self.settle(exchange, "upstream_error", {})
+                raise upstream_unavailable("upstream timed out", status_code=504) from None
+            except httpx.HTTPError:
+                self._pools[exchange.route.tier].count_error("stream_cut")
+                await self.settle(exchange, "upstream_error", {})
+                raise upstream_unavailable("upstream failed mid-response", 502) from None
+            finally:
+                await upstream.close()
+
+        try:
+            status, content = await until_disconnect(receive, call_upstream())
+        except ClientGone:
+            await self.settle(exchange, "client_disconnect", {})
+            raise
+        if status != 200:
+            await self.settle(exchange, "upstream_error", {})
+            raise upstream_error(status, content)
+        try:
+            data = pydantic_core.from_json(content)
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
+            await self.settle(exchange, "upstream_error", {})
+            raise upstream_error(502, b"")
+        data["model"] = exchange.route.public_model
+        data["service_tier"] = exchange.route.tier
+        await self.settle(exchange, "complete", data.get("usage") or {})
+        return Response(
+            pydantic_core.to_json(data),
+            media_type="application/json",
+            headers=exchange.admission.headers,
+        )
+
+    async def stream(
+        self, exchange: Exchange, receive: Receive, path: str, body: bytes, rewriter: StreamRewriter
+    ) -> Response:
+        try:
+            upstream = await until_disconnect(receive, self.open(exchange, path, body))
+        except ClientGone:
+            await self.settle(exchange, "client_disconnect", {})
+            raise
+        if upstream.response.status_code != 200:
+            try:
+                content = await upstream.response.aread()
+            except httpx.HTTPError:
+                content = b""
+            finally:
+                await upstream.close()
+            await self.settle(exchange, "upstream_error", {})
+            raise upstream_error(upstream.response.status_code, content)
+        pump = functools.partial(self._pump, exchange, upstream, rewriter)
+        return SSEResponse(pump, exchange.admission.headers)
+
+    async def _pump(
+        self,
+        exchange: Exchange,
+        upstream: UpstreamResponse,
+        rewriter: StreamRewriter,
+        send_event: SendEvent,
+    ) -> None:
+        pool = self._pools[exchange.route.tier]
+        outcome: Outcome = "upstream_error"
+        first = True
+        try:
+            try:
+                async for raw in upstream.response.aiter_raw():
+                    for event in rewriter.feed(raw):
+                        if first:
+                            first = False
+                            elapsed = time.perf_counter() - exchange.started
+                            self._metrics.ttft.labels(exchange.route.tier).observe(elapsed)
+                        await send_event(event)
+            except httpx.TimeoutException:
+                pool.count_error("timeout")
+                await send_event(error_event("upstream timed out mid-stream", "upstream_timeout"))
+                return
+            except httpx.HTTPError:
+                pool.count_error("stream_cut")
+                await send_event(error_event("upstream failed mid-stream", "upstream_stream_cut"))
+                return
+            if rewriter.done and not rewriter.failed:
+                outcome = "complete"
+            elif not rewriter.failed:
+                pool.count_error("stream_cut")
+                await send_event(
+                    error_event("upstream ended the stream early", "upstream_stream_cut")
+                )
+        except (asyncio.CancelledError, OSError):
+            outcome = "client_disconnect"
+            raise
+        finally:
+            await upstream.close()
+            await self.settle(exchange, outcome, rewriter.usage)
+
+
+def upstream_error(status: int, content: bytes) -> GatewayError:
+    """An upstream's non-200 answer in OpenAI's shape; upstream 5xx become 502."""
+    message, param, code = f"upstream answered {status}", None, None
+    try:
+        data = pydantic_core.from_json(content)
+        detail = data.get("error", data) if isinstance(data, dict) else {}
+        if isinstance(detail, dict):
+            message = str(detail.get("message") or message)
+            param = detail.get("param") if isinstance(detail.get("param"), str) else None
+            code = str(detail["code"]) if detail.get("code") is not None else None
+    except ValueError:
+        pass
+    if status >= 500:
+        return GatewayError(502, message, type="server_error", code="upstream_error")
+    return GatewayError(status, message, param=param, code=code)
+
+
+class SSEResponse(Response):
+    """Server-sent events relayed from upstream; a client hang-up cancels the relay."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, pump: Callable[[SendEvent], Awaitable[None]], headers: dict[str, str]):
+        # Not Response.__init__: it would render an empty body and send content-length: 0.
+        self.status_code = 200
+        self.background = None
+        self.init_headers({**headers, "cache-control": "no-cache"})
+        self._pump = pump
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+
+        async def send_event(event: bytes) -> None:
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+
+        try:
+            await until_disconnect(receive, self._pump(send_event))
+        except ClientGone:
+            return
+        await send({"type": "http.response.body", "body": b"", "more_body": False})

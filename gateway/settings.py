@@ -1,0 +1,83 @@
+"""Settings for the gateway (env prefix ``CSTACK_``); `cstack gateway` flags override them.
+
+Upstreams (the vLLM servers behind each tier) come from three variables:
+
+- ``CSTACK_UPSTREAM_URL``: one base URL (``http://host:port``) used for *both* tiers when
+  the tier-specific lists are empty. This is the embedded default: one vLLM engine with
+  priority scheduling shared by both tiers (`cstack up` sets only this one).
+- ``CSTACK_FAST_UPSTREAM_URLS`` / ``CSTACK_STANDARD_UPSTREAM_URLS``: comma-separated base
+  URLs, the replicas of each tier's pool (production: separate deployments per tier).
+
+When the two pools share a URL, the gateway sends vLLM's ``priority`` per tier (read from
+serving's ``shared`` variant) so the fast tier is scheduled first; with separate pools it
+sends none. ``CSTACK_SEND_TIER_PRIORITY`` forces this either way.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+UrlList = Annotated[list[str], NoDecode]
+
+
+class GatewaySettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CSTACK_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    #: Bearer token of the /admin/ API. No default: unset means the admin API answers 403.
+    admin_token: SecretStr | None = None
+
+    #: Default upstream for both tiers (see the module docstring).
+    upstream_url: str = "http://127.0.0.1:8000"
+    fast_upstream_urls: UrlList = Field(default_factory=list)
+    standard_upstream_urls: UrlList = Field(default_factory=list)
+    #: None: send vLLM ``priority`` only when both tiers share an upstream URL.
+    send_tier_priority: bool | None = None
+    #: vLLM's served model name; empty means the one in serving's variants file.
+    served_model_name: str = ""
+
+    connect_timeout_s: float = 2.0
+    #: Longest silence allowed between two bytes from an upstream (also non-streaming).
+    read_timeout_s: float = 600.0
+    max_connections_per_upstream: int = 512
+    health_interval_s: float = 1.0
+    health_timeout_s: float = 1.0
+
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_messages: int = 1024
+    max_n: int = 16
+    #: Per-tier output caps; an unset ``max_tokens`` is sent as the cap (vLLM clamps it to
+    #: the context left), a larger one is refused with 400.
+    fast_max_tokens: int = 8192
+    standard_max_tokens: int = 32768
+
+    #: How long a verified key stays in the in-process cache.
+    key_cache_ttl_s: float = 30.0
+    #: How often each replica polls the revocation epoch in Redis.
+    revocation_poll_s: float = 0.2
+    #: Cached keys are trusted only while the last epoch poll is younger than this; the
+    #: issue's contract is that a revocation reaches every replica within 1 s.
+    revocation_staleness_s: float = 0.8
+    #: Plan of an org created without one.
+    default_plan: str = "default"
+
+    log_level: str = "info"
+
+    @field_validator("fast_upstream_urls", "standard_upstream_urls", mode="before")
+    @classmethod
+    def _split_commas(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    def upstreams_for(self, tier: str) -> list[str]:
+        urls = self.fast_upstream_urls if tier == "fast" else self.standard_upstream_urls
+        return [url.rstrip("/") for url in (urls or [self.upstream_url])]
+
+    def max_tokens_for(self, tier: str) -> int:
+        return self.fast_max_tokens if tier == "fast" else self.standard_max_tokens

@@ -1,0 +1,61 @@
+"""Gateway fixtures: real gateways on real sockets (uvicorn in a thread), real Redis keys,
+and killable forwarding processes that stand in for extra upstream replicas."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from gateway_support import ADMIN_TOKEN, Forwarder, GatewayServer, create_key, free_port
+
+from billing.meter import Meter, UnmeteredMeter
+from gateway import GatewaySettings
+
+
+@pytest.fixture(scope="session")
+def start_gateway(redis_url: str) -> Iterator[Callable[..., GatewayServer]]:
+    """Start a gateway with settings overrides; all are stopped at the end of the session."""
+    servers: list[GatewayServer] = []
+
+    def start(meter: Meter | None = None, **overrides: Any) -> GatewayServer:
+        values: dict[str, Any] = {
+            "port": free_port(),
+            "redis_url": redis_url,
+            "admin_token": ADMIN_TOKEN,
+            "health_interval_s": 0.5,
+            **overrides,
+        }
+        server = GatewayServer(GatewaySettings(**values), meter or UnmeteredMeter()).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def gateway(start_gateway: Callable[..., GatewayServer], vllm_url: str) -> GatewayServer:
+    """The shared gateway in front of the session's vLLM (both tiers on one engine)."""
+    return start_gateway(upstream_url=vllm_url)
+
+
+@pytest.fixture(scope="session")
+def api_key(redis_url: str) -> str:
+    return create_key(redis_url, "acme")[0]
+
+
+@pytest.fixture
+def forwarders(vllm_url: str) -> Iterator[Callable[[], Forwarder]]:
+    started: list[Forwarder] = []
+
+    def start() -> Forwarder:
+        forwarder = Forwarder(vllm_url)
+        started.append(forwarder)
+        return forwarder
+
+    yield start
+    for forwarder in started:
+        if forwarder.process.poll() is None:
+            forwarder.kill()
