@@ -1,0 +1,187 @@
+"""Build feature-deletion tasks from a repository with a passing test suite.
+
+For each candidate feature: delete it in a fresh copy, run the suite, keep the task if at
+least one test went pass->fail (FAIL_TO_PASS) and at least one still passes
+(PASS_TO_PASS), then scrub the copy and prove with a canary scan that the deleted code
+is nowhere in it. The harness keeps the original test files outside the sandbox.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from training.tasks.deletion import Candidate, canaries, candidates, delete_feature
+from training.tasks.layout import RepoLayout, discover
+from training.tasks.scrub import CanaryHit, canary_scan, installed_copy, scrub
+from training.tasks.spec import TaskSpec
+from training.tasks.suite import run_suite
+
+TASK_FILE = "task.json"
+
+
+class TaskBuildError(RuntimeError):
+    """The repository cannot give tasks (no passing baseline, installed copy, ...)."""
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    max_tasks: int = 5
+    max_candidates: int = 25
+    timeout_s: float = 300.0
+    only: tuple[str, ...] = ()
+    source_name: str = ""
+
+
+@dataclass
+class BuildReport:
+    tasks: list[TaskSpec] = field(default_factory=list)
+    rejected: list[tuple[str, str]] = field(default_factory=list)
+    scrubbed: list[str] = field(default_factory=list)
+    baseline_passed: int = 0
+
+
+def _text_of(tree: Path) -> str:
+    parts = []
+    for path in sorted(tree.rglob("*")):
+        if path.is_file():
+            parts.append(path.read_bytes().decode("utf-8", errors="replace"))
+    return "\n".join(parts)
+
+
+def _ranked(found: list[Candidate], test_text: str, only: tuple[str, ...]) -> list[Candidate]:
+    """Features the tests mention first, then bigger bodies; ``only`` filters by name."""
+    if only:
+        found = [c for c in found if c.feature.name in only]
+
+    def key(candidate: Candidate) -> tuple[int, int]:
+        leaf = candidate.feature.name.rsplit(".", 1)[-1]
+        mentioned = bool(re.search(rf"\b{re.escape(leaf)}\b", test_text))
+        return (0 if mentioned else 1, -candidate.body_lines)
+
+    return sorted(found, key=key)
+
+
+def _check_not_installed(layout: RepoLayout) -> None:
+    tops = {Path(p).parts[0].removesuffix(".py") for p in layout.source_files}
+    for top in sorted(tops):
+        origin = installed_copy(top)
+        if origin:
+            raise TaskBuildError(
+                f"package {top!r} is importable from {origin}: an installed copy would leak "
+                "the deleted code; build in an environment without it"
+            )
+
+
+def build_tasks(
+    repo: Path, out: Path, config: BuildConfig, log: Callable[[str], None] = lambda _: None
+) -> BuildReport:
+    """Write each kept task to ``out/<task_id>/`` (``repo/``, ``harness/``, task.json)."""
+    repo, out = Path(repo).resolve(), Path(out).resolve()
+    report = BuildReport()
+    with tempfile.TemporaryDirectory(prefix="cstack-tasks-") as scratch:
+        clean = Path(scratch) / "clean"
+        shutil.copytree(repo, clean, symlinks=True)
+        report.scrubbed = scrub(clean)
+        layout = discover(clean)
+        _check_not_installed(layout)
+        baseline = run_suite(clean, layout.python_paths, timeout_s=config.timeout_s)
+        report.baseline_passed = len(baseline.passed)
+        log(f"baseline: {len(baseline.passed)}/{len(baseline.outcomes)} tests pass")
+        if not baseline.passed:
+            raise TaskBuildError(f"no test passes in {repo} before any deletion")
+        test_text = "\n".join((clean / p).read_text(errors="replace") for p in layout.test_files)
+        ranked = _ranked(list(candidates(clean, layout.source_files)), test_text, config.only)
+        for candidate in ranked[: config.max_candidates]:
+            if len(report.tasks) >= config.max_tasks:
+                break
+            name = candidate.feature.name
+            reason = _try_candidate(clean, layout, candidate, baseline.passed, out, config, report)
+            if reason:
+                report.rejected.append((name, reason))
+            log(f"{candidate.feature.kind} {candidate.feature.path}:{name}: {reason or 'kept'}")
+    return report
+
+
+def _task_id(source: str, candidate: Candidate) -> str:
+    raw = f"{source}__{candidate.feature.path}__{candidate.feature.name}"
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", raw.removesuffix(".py"))
+
+
+def _try_candidate(
+    clean: Path,
+    layout: RepoLayout,
+    candidate: Candidate,
+    baseline_passed: set[str],
+    out: Path,
+    config: BuildConfig,
+    report: BuildReport,
+) -> str | None:
+    """Build one task; returns why it was rejected, or None when it was kept."""
+    deletion = delete_feature(clean, candidate.feature)
+    with tempfile.TemporaryDirectory(prefix="cstack-cand-") as scratch:
+        work = Path(scratch) / "repo"
+        shutil.copytree(clean, work, symlinks=True)
+        for path, text in deletion.new_sources.items():
+            if text is None:
+                (work / path).unlink()
+            else:
+                (work / path).write_text(text)
+        after = run_suite(work, layout.python_paths, timeout_s=config.timeout_s)
+        if after.timed_out:
+            return "suite timed out after the deletion"
+        fail_to_pass = sorted(baseline_passed - after.passed)
+        pass_to_pass = sorted(baseline_passed & after.passed)
+        if not fail_to_pass:
+            return "no test goes from pass to fail"
+        if not pass_to_pass:
+            return "no test stays passing"
+        tokens = canaries(deletion.deleted_code, _text_of(work))
+        if not tokens:
+            return "deleted code has no distinctive token to scan for"
+        task = TaskSpec(
+            task_id=_task_id(config.source_name or clean.name, candidate),
+            source=config.source_name,
+            feature=candidate.feature,
+            fail_to_pass=fail_to_pass,
+            pass_to_pass=pass_to_pass,
+            test_files=layout.test_files,
+            canaries=tokens,
+            python_paths=layout.python_paths,
+        )
+        hits = _write_task(work, clean, task, deletion.deleted_code, out)
+    if hits:
+        return f"canary scan found {len(hits)} leaks, first {hits[0].canary!r} in {hits[0].path}"
+    report.tasks.append(task)
+    return None
+
+
+def _write_task(
+    work: Path, clean: Path, task: TaskSpec, deleted_code: str, out: Path
+) -> list[CanaryHit]:
+    task_dir = out / task.task_id
+    if task_dir.exists():
+        shutil.rmtree(task_dir)
+    sandbox = task_dir / "repo"
+    shutil.copytree(work, sandbox, symlinks=True)
+    scrub(sandbox)
+    hits = canary_scan(sandbox, task.canaries)
+    if hits:
+        shutil.rmtree(task_dir)
+        return hits
+    originals = task_dir / "harness" / "original"
+    for relative in task.test_files:
+        target = originals / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(clean / relative, target)
+    (task_dir / "harness" / "deleted_code.txt").write_text(deleted_code)
+    (task_dir / TASK_FILE).write_text(task.model_dump_json(indent=2))
+    return []
+
+
+def load_task(task_dir: Path) -> TaskSpec:
+    return TaskSpec.model_validate_json((Path(task_dir) / TASK_FILE).read_text())

@@ -1,0 +1,77 @@
+"""`cstack tasks ...`: build feature-deletion tasks and score a sandbox against one."""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from pathlib import Path
+
+import typer
+
+tasks_app = typer.Typer(help="Synthetic coding tasks by feature deletion.", no_args_is_help=True)
+
+
+@tasks_app.command("build")
+def build(
+    out: Path = typer.Option(..., "--out", help="Folder to write one sub-folder per task into."),
+    repo: Path | None = typer.Option(
+        None, "--repo", help="A Python repository whose pytest suite passes."
+    ),
+    pypi: list[str] = typer.Option(
+        [], "--pypi", help="Fetch this sdist (NAME==VERSION) and build from it; repeatable."
+    ),
+    max_tasks: int = typer.Option(5, help="Tasks to keep per codebase."),
+    max_candidates: int = typer.Option(25, help="Features to try per codebase."),
+    only: list[str] = typer.Option([], "--only", help="Only try these feature names."),
+    timeout_s: float = typer.Option(300.0, "--timeout", help="Seconds per suite run."),
+) -> None:
+    """Delete one testable feature at a time; keep tasks with FAIL_TO_PASS and PASS_TO_PASS."""
+    from training.tasks.builder import BuildConfig, TaskBuildError, build_tasks
+    from training.tasks.pypi import FetchError, fetch_sdist
+
+    if (repo is None) == (not pypi):
+        raise typer.BadParameter("give either --repo DIR or one or more --pypi NAME==VERSION")
+    if repo is not None and not repo.is_dir():
+        raise typer.BadParameter(f"{repo} is not a directory", param_hint="--repo")
+    total = 0
+    with tempfile.TemporaryDirectory(prefix="cstack-fetch-") as scratch:
+        sources: list[tuple[str, Path]] = []
+        try:
+            if repo is not None:
+                sources.append((repo.resolve().name, repo))
+            for requirement in pypi:
+                name = re.sub(r"[^A-Za-z0-9_.-]+", "_", requirement)
+                typer.echo(f"fetching {requirement} ...")
+                sources.append((name, fetch_sdist(requirement, Path(scratch) / name)))
+            for name, root in sources:
+                config = BuildConfig(max_tasks, max_candidates, timeout_s, tuple(only), name)
+                report = build_tasks(root, out, config, log=lambda line: typer.echo(f"  {line}"))
+                total += len(report.tasks)
+                typer.echo(f"{name}: {len(report.tasks)} tasks, {len(report.rejected)} rejected")
+        except (FetchError, TaskBuildError) as err:
+            typer.echo(f"error: {err}", err=True)
+            raise typer.Exit(1) from None
+    typer.echo(f"{total} tasks written to {out}")
+    if total == 0:
+        raise typer.Exit(1)
+
+
+@tasks_app.command("score")
+def score(
+    task: Path = typer.Option(..., "--task", help="A task folder written by `tasks build`."),
+    sandbox: Path = typer.Option(..., "--sandbox", help="The edited copy of the task's repo/."),
+) -> None:
+    """Run the harness-owned reward: tests reset to their originals, F2P and P2P only."""
+    from training.tasks.reward import evaluate_sandbox, task_reward
+
+    if not (task / "task.json").is_file():
+        raise typer.BadParameter(f"{task} has no task.json", param_hint="--task")
+    if not sandbox.is_dir():
+        raise typer.BadParameter(f"{sandbox} is not a directory", param_hint="--sandbox")
+    outcome = evaluate_sandbox(task, sandbox)
+    for name, results in (
+        ("FAIL_TO_PASS", outcome.fail_to_pass),
+        ("PASS_TO_PASS", outcome.pass_to_pass),
+    ):
+        typer.echo(f"{name}: {sum(results.values())}/{len(results)} pass")
+    typer.echo(f"reward: {task_reward(outcome):.3f}")
