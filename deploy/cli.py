@@ -24,6 +24,10 @@ app.command("up")(up)
 
 # --- commands contributed by the other packages (one block each) ---
 
+from training.tasks.cli import tasks_app  # noqa: E402
+
+app.add_typer(tasks_app, name="tasks")
+
 app.add_typer(worker_app, name="worker")
 
 
