@@ -15,7 +15,7 @@ from datetime import UTC, date, datetime
 from typing import Any, cast
 
 from redis import exceptions as redis_errors
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 
 from billing import metrics
 from billing.events import UsageEvent, usage_event
@@ -28,9 +28,22 @@ from billing.spool import UsageSpool
 
 logger = logging.getLogger(__name__)
 
+#: Redis did not answer: settlement spools the event (replay is idempotent).
 REDIS_DOWN = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
 SETTLED_MARKER_TTL_S = 14 * 86400
 SPOOL_RESCAN_S = 10.0
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """Redis refused or dropped the connection, as opposed to being slow or saturated.
+
+    Only then may admission fail open: after a timeout the script may have run, and an
+    exhausted pool means load, not an outage.
+    """
+    if isinstance(exc, redis_errors.TimeoutError):
+        return False
+    # redis-py reports an exhausted BlockingConnectionPool as a ConnectionError too.
+    return not str(exc).startswith("No connection available")
 
 
 def budget_prefix(org_id: str) -> str:
@@ -61,10 +74,15 @@ class RedisMeter:
     ) -> None:
         self.settings = settings
         self.book = book or pricebook_from_path(settings.pricebook_path)
-        self.redis = redis or Redis.from_url(
-            settings.redis_url,
-            socket_timeout=settings.redis_timeout_s,
-            socket_connect_timeout=settings.redis_timeout_s,
+        self.redis = redis or Redis(
+            connection_pool=BlockingConnectionPool.from_url(
+                settings.redis_url,
+                max_connections=settings.redis_max_connections,
+                # Waiting for a pooled connection is queueing, not an outage.
+                timeout=10 * settings.redis_timeout_s,
+                socket_timeout=settings.redis_timeout_s,
+                socket_connect_timeout=settings.redis_timeout_s,
+            )
         )
         self._admit_script = self.redis.register_script(ADMIT)
         self._settle_script = self.redis.register_script(SETTLE)
@@ -128,7 +146,7 @@ class RedisMeter:
                 ],
             )
         except REDIS_DOWN as exc:
-            if not self.settings.admission_fail_open:
+            if not (self.settings.admission_fail_open and _unreachable(exc)):
                 raise AdmissionRefused(
                     "billing is temporarily unavailable; retry shortly",
                     code="rate_limit_exceeded",

@@ -35,7 +35,12 @@ class BillingSettings(BaseSettings):
     #: Admit without limits while Redis is unreachable: serving beats refusing, and the
     #: usage still reaches the ledger through the spool.
     admission_fail_open: bool = True
-    redis_timeout_s: float = 0.5
+    #: Connect/read timeout; admission fails open only when Redis refuses connections,
+    #: never on a timeout (a timed-out script may have run: failing open would double it).
+    redis_timeout_s: float = 2.0
+    #: Connections per process; callers beyond it wait for one instead of opening more,
+    #: so a burst of requests cannot stampede Redis with connects.
+    redis_max_connections: int = 64
 
     #: Ledger consumer: entries per read, idle time before another consumer reclaims an
     #: entry, and deliveries after which an entry is dead-lettered.

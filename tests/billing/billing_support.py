@@ -1,0 +1,175 @@
+"""Helpers shared by the billing tests: test price books, requests, real subprocesses."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from billing.meter import AdmissionRequest, Tier, UsageReport
+from billing.settings import DEFAULT_PRICEBOOK_PATH
+
+REPO = Path(__file__).resolve().parents[2]
+CSTACK = str(Path(sys.executable).with_name("cstack"))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def shipped_book() -> dict[str, Any]:
+    return dict(yaml.safe_load(DEFAULT_PRICEBOOK_PATH.read_text()))
+
+
+def write_book(path: Path, *, promotions: bool = False, **plans: dict[str, Any]) -> Path:
+    """The shipped price book, with extra plans and (by default) no promotion running."""
+    book = shipped_book()
+    if not promotions:
+        book["promotions"] = []
+    book["plans"].update(plans)
+    path.write_text(yaml.safe_dump(book))
+    return path
+
+
+def admission_request(
+    *,
+    org: str = "org-a",
+    key: str = "key-a",
+    plan: str = "pro",
+    tier: Tier = "fast",
+    prompt: int = 100,
+    max_output: int = 50,
+    customer: str | None = None,
+    request_id: str | None = None,
+) -> AdmissionRequest:
+    return AdmissionRequest(
+        request_id=request_id or f"req-{uuid.uuid4().hex}",
+        org_id=org,
+        key_id=key,
+        plan=plan,
+        tier=tier,
+        model="composer-2.5",
+        prompt_tokens=prompt,
+        max_output_tokens=max_output,
+        customer_id=customer,
+    )
+
+
+def usage_for(
+    request: AdmissionRequest, *, completion: int, cached: int = 0, outcome: str = "complete"
+) -> UsageReport:
+    now = datetime.now(UTC)
+    return UsageReport(
+        request_id=request.request_id,
+        org_id=request.org_id,
+        key_id=request.key_id,
+        model=request.model,
+        tier=request.tier,
+        prompt_tokens=request.prompt_tokens,
+        cached_tokens=cached,
+        completion_tokens=completion,
+        started_at=now,
+        ended_at=now,
+        outcome=outcome,  # type: ignore[arg-type]
+        customer_id=request.customer_id,
+    )
+
+
+def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def settings_env(values: dict[str, Any]) -> dict[str, str]:
+    """``BillingSettings`` field values as the CSTACK_ environment a subprocess reads."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CSTACK_")}
+    env.update({f"CSTACK_{k.upper()}": str(v) for k, v in values.items() if v is not None})
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+class Process:
+    """A real `cstack ...` process with its output in a log file."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+        self.log = log
+        self._handle = log.open("ab")
+        self.popen = subprocess.Popen(
+            [CSTACK, *args], env=env, cwd=REPO, stdout=self._handle, stderr=subprocess.STDOUT
+        )
+
+    def kill(self) -> None:
+        """SIGKILL: no chance to finish a batch or acknowledge anything."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGKILL)
+            self.popen.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._handle.close()
+
+
+def hammer_meter(settings_json: str, org: str, requests: int, seed: int) -> tuple[int, int]:
+    """Run in its own OS process: ``requests`` concurrent admit+settle cycles for ``org``.
+
+    Each admitted request ends with a random number of output tokens up to its maximum,
+    as real generations do. Returns (admitted, refused).
+    """
+    import asyncio
+    import random
+
+    from billing.meter import AdmissionRefused
+    from billing.redis_meter import RedisMeter
+    from billing.settings import BillingSettings
+
+    settings = BillingSettings.model_validate_json(settings_json)
+    rng = random.Random(seed)
+
+    async def one(meter: RedisMeter) -> bool:
+        request = admission_request(
+            org=org, key=f"key-{seed}", plan="tiny", prompt=100, max_output=50
+        )
+        try:
+            admission = await meter.admit(request)
+        except AdmissionRefused:
+            return False
+        await asyncio.sleep(rng.random() * 0.05)
+        await meter.settle(admission, usage_for(request, completion=rng.randint(0, 50)))
+        return True
+
+    async def run() -> tuple[int, int]:
+        meter = RedisMeter(settings)
+        try:
+            results = await asyncio.gather(*(one(meter) for _ in range(requests)))
+        finally:
+            await meter.aclose()
+        return sum(results), requests - sum(results)
+
+    return asyncio.run(run())

@@ -1,0 +1,134 @@
+"""Billing fixtures: test price books, ledgers on SQLite and PostgreSQL, the Stripe stand-in,
+private Valkey servers a test may stop, and real `cstack worker billing` / `cstack beat`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from billing_support import Process, free_port, port_open, settings_env, wait_for, write_book
+from sqlalchemy import create_engine, text
+
+from billing.settings import BillingSettings
+
+TEST_PLANS = {
+    # A tiny budget, with limits loose enough that only money refuses requests.
+    "tiny": {"included_usd": "0.05", "overage": "refused", "rpm": 100000, "tpm": 100000000},
+    "limited": {"included_usd": "100.00", "overage": "refused", "rpm": 2, "tpm": 1000},
+    "metered": {
+        "included_usd": "1.00",
+        "overage": "billed",
+        "overage_budget_usd": "1.00",
+        "rpm": 100000,
+        "tpm": 100000000,
+    },
+}
+
+
+@pytest.fixture
+def book_path(tmp_path: Path) -> Path:
+    return write_book(tmp_path / "pricebook.yaml", **TEST_PLANS)
+
+
+@pytest.fixture
+def billing_settings(redis_url: str, tmp_path: Path, book_path: Path) -> BillingSettings:
+    """Settings private to one test: its own stream, spool, ledger file and key names."""
+    suffix = uuid.uuid4().hex[:8]
+    return BillingSettings(
+        redis_url=redis_url,
+        pricebook_path=book_path,
+        ledger_url=f"sqlite:///{tmp_path / 'ledger.db'}",
+        usage_stream=f"cstack:usage:{suffix}",
+        usage_dead_letter_stream=f"cstack:usage:dead:{suffix}",
+        usage_spool_dir=tmp_path / "spool",
+        beat_schedule_file=tmp_path / "beat-schedule",
+    )
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger_url(request: pytest.FixtureRequest, tmp_path: Path, postgres_url: str) -> Iterator[str]:
+    """An empty ledger database: a SQLite file, or a private schema in PostgreSQL."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'ledger.db'}"
+        return
+    schema = f"cstack_billing_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(postgres_url)
+    try:
+        with admin.begin() as connection:
+            connection.execute(text(f'CREATE SCHEMA "{schema}"'))
+    except Exception as exc:  # no PostgreSQL here: say so instead of failing obscurely
+        pytest.skip(f"PostgreSQL at {postgres_url} is not reachable: {exc.__class__.__name__}")
+    separator = "&" if "?" in postgres_url else "?"
+    yield f"{postgres_url}{separator}options=-csearch_path%3D{schema}"
+    with admin.begin() as connection:
+        connection.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+    admin.dispose()
+
+
+class StripeStandIn:
+    def __init__(self, port: int, record: Path, process: subprocess.Popen[bytes]) -> None:
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.record = record
+        self.process = process
+
+    def requests(self) -> list[dict[str, Any]]:
+        if not self.record.exists():
+            return []
+        return [json.loads(line) for line in self.record.read_text().splitlines() if line]
+
+    def accepted(self) -> list[dict[str, Any]]:
+        return [r for r in self.requests() if r["result"] == "accepted"]
+
+
+@pytest.fixture
+def stripe_server(tmp_path: Path) -> Iterator[Callable[..., StripeStandIn]]:
+    started: list[StripeStandIn] = []
+
+    def start(fail_first: int = 0) -> StripeStandIn:
+        port = free_port()
+        record = tmp_path / f"stripe-{port}.jsonl"
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                str(Path(__file__).with_name("stripe_server.py")),
+                f"--port={port}",
+                f"--record={record}",
+                f"--fail-first={fail_first}",
+            ]
+        )
+        server = StripeStandIn(port, record, process)
+        started.append(server)
+        wait_for(lambda: port_open(port), 10, "the Stripe stand-in to listen")
+        return server
+
+    yield start
+    for server in started:
+        server.process.terminate()
+        server.process.wait(timeout=10)
+
+
+@pytest.fixture
+def billing_processes(tmp_path: Path) -> Iterator[Callable[[list[str], BillingSettings], Process]]:
+    """Start real `cstack` processes (worker, beat) with a test's settings; all stopped after."""
+    started: list[Process] = []
+
+    def start(args: list[str], settings: BillingSettings, **extra: Any) -> Process:
+        values = settings.model_dump()
+        for name in ("stripe_api_key", "stripe_webhook_secret"):
+            secret = getattr(settings, name)
+            values[name] = secret.get_secret_value() if secret else None
+        values.update(extra)
+        log = tmp_path / f"{args[-1]}-{len(started)}.log"
+        process = Process(args, settings_env(values), log)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.stop()

@@ -1,0 +1,148 @@
+"""Admission and settlement against the session's real Valkey: limits, refusals, the
+reservation's lifecycle, suspension and the usage event each request emits."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+from billing_support import admission_request, usage_for
+
+from billing.meter import AdmissionRefused
+from billing.redis_meter import RedisMeter, budget_prefix, suspended_org_key
+from billing.settings import BillingSettings
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+@pytest.fixture
+async def meter(billing_settings: BillingSettings) -> AsyncIterator[RedisMeter]:
+    meter = RedisMeter(billing_settings)
+    yield meter
+    await meter.aclose()
+
+
+async def budget(meter: RedisMeter, org: str, period: str) -> dict[str, int]:
+    raw = await meter.redis.hgetall(budget_prefix(org) + period)
+    return {k.decode(): int(v) for k, v in raw.items()}
+
+
+async def stream_events(meter: RedisMeter) -> list[dict[str, object]]:
+    entries = await meter.redis.xrange(meter.settings.usage_stream)
+    return [json.loads(fields[b"event"]) for _, fields in entries]
+
+
+async def test_admit_reserves_worst_case_and_settle_charges_actual(meter: RedisMeter) -> None:
+    request = admission_request(org="org-settle", plan="pro", prompt=100, max_output=50)
+    admission = await meter.admit(request)
+    worst = 100 * 3000 + 50 * 15000
+    assert admission.reserved_nano_usd == worst
+    assert admission.headers["x-ratelimit-limit-requests"] == "600"
+    assert admission.headers["x-ratelimit-remaining-requests"] == "599"
+    assert admission.headers["x-ratelimit-remaining-tokens"] == str(2_000_000 - 150)
+    period = str(admission.reservation_id).split("/")[0]
+    assert await budget(meter, "org-settle", period) == {"reserved": worst}
+
+    await meter.settle(admission, usage_for(request, completion=20, cached=40))
+    actual = 60 * 3000 + 40 * 3000 + 20 * 15000
+    assert await budget(meter, "org-settle", period) == {"reserved": 0, "used": actual}
+    (event,) = await stream_events(meter)
+    assert event["event_id"] == request.request_id
+    assert event["list_cost_nano_usd"] == actual
+    assert event["allowance_consumed_nano_usd"] == actual
+    assert event["promotion_multiplier"] == "1"
+    assert event["price_version"] == "2026-11-01"
+    assert event["plan"] == "pro"
+    assert (event["tier"], event["outcome"]) == ("fast", "complete")
+
+    # A second settle of the same request (a retry in the gateway) changes nothing.
+    await meter.settle(admission, usage_for(request, completion=20, cached=40))
+    assert await budget(meter, "org-settle", period) == {"reserved": 0, "used": actual}
+    assert len(await stream_events(meter)) == 1
+
+
+async def test_failed_request_releases_its_reservation(meter: RedisMeter) -> None:
+    request = admission_request(org="org-fail", plan="pro")
+    admission = await meter.admit(request)
+    period = str(admission.reservation_id).split("/")[0]
+    await meter.settle(admission, usage_for(request, completion=0, outcome="upstream_error"))
+    assert await budget(meter, "org-fail", period) == {"reserved": 0, "used": 100 * 3000}
+    (event,) = await stream_events(meter)
+    assert event["outcome"] == "upstream_error"
+
+
+async def test_requests_per_minute_limit_refuses_with_retry_after(meter: RedisMeter) -> None:
+    for _ in range(2):
+        await meter.admit(
+            admission_request(org="org-rpm", key="key-rpm", plan="limited", prompt=1, max_output=1)
+        )
+    with pytest.raises(AdmissionRefused) as refused:
+        await meter.admit(
+            admission_request(org="org-rpm", key="key-rpm", plan="limited", prompt=1, max_output=1)
+        )
+    assert refused.value.code == "rate_limit_exceeded"
+    assert refused.value.retry_after_s is not None and 1 <= refused.value.retry_after_s <= 60
+    assert refused.value.headers["retry-after"] == str(refused.value.retry_after_s)
+    assert refused.value.headers["x-ratelimit-remaining-requests"] == "0"
+    # Another key of the same org has its own limit.
+    await meter.admit(
+        admission_request(org="org-rpm", key="key-other", plan="limited", prompt=1, max_output=1)
+    )
+
+
+async def test_tokens_per_minute_limit(meter: RedisMeter) -> None:
+    with pytest.raises(AdmissionRefused, match="more than the key's limit of 1000 tokens") as big:
+        await meter.admit(
+            admission_request(key="key-tpm", plan="limited", prompt=900, max_output=200)
+        )
+    assert big.value.code == "rate_limit_exceeded"
+    await meter.admit(admission_request(key="key-tpm", plan="limited", prompt=500, max_output=300))
+    with pytest.raises(AdmissionRefused) as refused:
+        await meter.admit(
+            admission_request(key="key-tpm", plan="limited", prompt=200, max_output=100)
+        )
+    assert refused.value.code == "rate_limit_exceeded"
+    assert refused.value.retry_after_s is not None
+    assert int(refused.value.headers["x-ratelimit-remaining-tokens"]) < 300
+
+
+async def test_exhausted_budget_refuses_with_insufficient_quota(meter: RedisMeter) -> None:
+    # tiny: $0.05 included, overage refused; each request's worst case is $0.00105.
+    admitted = 0
+    with pytest.raises(AdmissionRefused) as refused:
+        for _ in range(100):
+            await meter.admit(admission_request(org="org-tiny", plan="tiny"))
+            admitted += 1
+    assert admitted == 47  # floor(0.05 / 0.00105)
+    assert refused.value.code == "insufficient_quota"
+    assert refused.value.retry_after_s is None
+    assert "x-ratelimit-limit-requests" in refused.value.headers
+
+
+async def test_unsettled_reservations_expire(billing_settings: BillingSettings) -> None:
+    meter = RedisMeter(billing_settings.model_copy(update={"reservation_ttl_s": 1}))
+    try:
+        for _ in range(47):
+            await meter.admit(admission_request(org="org-crashed", plan="tiny"))
+        with pytest.raises(AdmissionRefused):
+            await meter.admit(admission_request(org="org-crashed", plan="tiny"))
+        time.sleep(1.2)  # the gateway that held them "died"; their TTL runs out
+        await meter.admit(admission_request(org="org-crashed", plan="tiny"))
+    finally:
+        await meter.aclose()
+
+
+async def test_suspended_org_is_refused(meter: RedisMeter) -> None:
+    await meter.redis.set(suspended_org_key("org-unpaid"), "evt_1")
+    with pytest.raises(AdmissionRefused, match="suspended") as refused:
+        await meter.admit(admission_request(org="org-unpaid"))
+    assert refused.value.code == "insufficient_quota"
+    await meter.redis.delete(suspended_org_key("org-unpaid"))
+    await meter.admit(admission_request(org="org-unpaid"))
+
+
+async def test_unknown_plan_is_refused_by_name(meter: RedisMeter) -> None:
+    with pytest.raises(AdmissionRefused, match="plan 'platinum' is not in the price book"):
+        await meter.admit(admission_request(plan="platinum"))
