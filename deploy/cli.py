@@ -28,6 +28,11 @@ from training.tasks.cli import tasks_app  # noqa: E402
 
 app.add_typer(tasks_app, name="tasks")
 
+from gateway.cli import gateway, keys_app  # noqa: E402
+
+app.command("gateway")(gateway)
+app.add_typer(keys_app, name="keys")
+
 app.add_typer(worker_app, name="worker")
 
 

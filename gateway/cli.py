@@ -14,24 +14,24 @@ keys_app = typer.Typer(help="Create, revoke and list API keys (talks to Redis di
 
 
 def gateway(
-    host: Annotated[str | None, typer.Option(help="Bind address [env CSTACK_HOST].")] = None,
-    port: Annotated[int | None, typer.Option(help="Port [env CSTACK_PORT].")] = None,
+    host: Annotated[str | None, typer.Option(help="Bind address (env CSTACK_HOST).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (env CSTACK_PORT).")] = None,
     upstream_url: Annotated[
         str | None,
-        typer.Option(help="vLLM base URL for both tiers [env CSTACK_UPSTREAM_URL]."),
+        typer.Option(help="vLLM base URL for both tiers (env CSTACK_UPSTREAM_URL)."),
     ] = None,
     fast_upstream_urls: Annotated[
         str | None,
-        typer.Option(help="Comma-separated fast-tier replicas [env CSTACK_FAST_UPSTREAM_URLS]."),
+        typer.Option(help="Comma-separated fast-tier replicas (env CSTACK_FAST_UPSTREAM_URLS)."),
     ] = None,
     standard_upstream_urls: Annotated[
         str | None,
         typer.Option(
-            help="Comma-separated standard-tier replicas [env CSTACK_STANDARD_UPSTREAM_URLS]."
+            help="Comma-separated standard-tier replicas (env CSTACK_STANDARD_UPSTREAM_URLS)."
         ),
     ] = None,
-    redis_url: Annotated[str | None, typer.Option(help="Redis URL [env CSTACK_REDIS_URL].")] = None,
-    log_level: Annotated[str | None, typer.Option(help="Log level [env CSTACK_LOG_LEVEL].")] = None,
+    redis_url: Annotated[str | None, typer.Option(help="Redis URL (env CSTACK_REDIS_URL).")] = None,
+    log_level: Annotated[str | None, typer.Option(help="Log level (env CSTACK_LOG_LEVEL).")] = None,
 ) -> None:
     """Run the OpenAI-compatible gateway in front of the vLLM pools."""
     import importlib.util

@@ -118,6 +118,8 @@ class SamplingParams(OpenAIModel):
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] | None = None
     return_token_ids: bool | None = None
+    min_tokens: Annotated[int, Field(ge=0, le=INT64_MAX)] | None = None
+    ignore_eos: bool | None = None
 
 
 class ChatCompletionRequest(SamplingParams):

@@ -12,9 +12,17 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
-from billing.meter import Meter
+from billing.meter import (
+    Admission,
+    AdmissionRefused,
+    AdmissionRequest,
+    Meter,
+    UnmeteredMeter,
+    UsageReport,
+)
 from gateway import GatewaySettings, KeyStore, create_app
 
 ADMIN_TOKEN = "test-admin-token"
@@ -95,3 +103,36 @@ class Forwarder:
     def kill(self) -> None:
         self.process.kill()
         self.process.wait(timeout=10)
+
+
+class RecordingMeter(UnmeteredMeter):
+    """A billing meter that admits everything and keeps what the gateway reported."""
+
+    def __init__(self, refuse: AdmissionRefused | None = None) -> None:
+        self.refuse = refuse
+        self.admitted: list[AdmissionRequest] = []
+        self.settled: list[UsageReport] = []
+
+    async def admit(self, request: AdmissionRequest) -> Admission:
+        if self.refuse is not None:
+            raise self.refuse
+        self.admitted.append(request)
+        return Admission(request=request, headers={"x-ratelimit-remaining-requests": "99"})
+
+    async def settle(self, admission: Admission, usage: UsageReport) -> None:
+        self.settled.append(usage)
+
+    def wait_settled(self, count: int, timeout_s: float = 30) -> list[UsageReport]:
+        deadline = time.monotonic() + timeout_s
+        while len(self.settled) < count and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return list(self.settled)
+
+
+def metric_value(metrics_text: str, name: str, **labels: str) -> float:
+    """The value of one sample in Prometheus text format (0 when absent)."""
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return 0.0

@@ -1,0 +1,136 @@
+"""Faults on real processes: a replica killed during a run, an upstream killed mid-stream,
+a client hanging up mid-stream (vLLM must abort the request)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+from gateway_support import Forwarder, GatewayServer, RecordingMeter, metric_value
+
+pytestmark = pytest.mark.vllm
+
+MESSAGES = [{"role": "user", "content": "Tell a long story."}]
+#: Long generations so the fault lands while tokens are still flowing.
+ENDLESS = {"ignore_eos": True}
+
+
+def test_replica_killed_during_a_run_requests_keep_succeeding(
+    start_gateway: Callable[..., GatewayServer],
+    forwarders: Callable[[], Forwarder],
+    vllm_url: str,
+    api_key: str,
+) -> None:
+    doomed = forwarders()
+    gateway = start_gateway(
+        fast_upstream_urls=[doomed.url, vllm_url], standard_upstream_urls=[vllm_url]
+    )
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=api_key, max_retries=0)
+
+    def one_request(index: int) -> str:
+        if index == 6:
+            doomed.kill()  # a crash in the middle of the run, with requests in flight
+        response = client.chat.completions.create(
+            model="composer-2.5-fast",
+            messages=MESSAGES,  # type: ignore[arg-type]
+            max_tokens=12,
+            extra_body=ENDLESS,
+        )
+        return response.choices[0].finish_reason
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        reasons = list(pool.map(one_request, range(24)))
+    assert reasons == ["length"] * 24
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        metrics = httpx.get(f"{gateway.url}/metrics").text
+        if metric_value(metrics, "cstack_upstream_healthy", tier="fast") == 1:
+            break
+        time.sleep(0.1)
+    assert metric_value(metrics, "cstack_upstream_healthy", tier="fast") == 1
+    assert metric_value(metrics, "cstack_upstream_replicas", tier="fast") == 2
+    ready = httpx.get(f"{gateway.url}/readyz")
+    assert ready.status_code == 200 and ready.json()["healthy_upstreams"] == {
+        "fast": 1,
+        "standard": 1,
+    }
+
+
+def test_upstream_killed_mid_stream_gives_a_well_formed_error(
+    start_gateway: Callable[..., GatewayServer],
+    forwarders: Callable[[], Forwarder],
+    api_key: str,
+) -> None:
+    upstream = forwarders()
+    meter = RecordingMeter()
+    gateway = start_gateway(meter=meter, upstream_url=upstream.url)
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=api_key, max_retries=0, timeout=60)
+    stream = client.chat.completions.create(
+        model="composer-2.5",
+        messages=MESSAGES,  # type: ignore[arg-type]
+        max_tokens=1500,
+        stream=True,
+        extra_body=ENDLESS,
+    )
+    received = 0
+    with pytest.raises(openai.APIError) as failure:
+        for _chunk in stream:
+            received += 1
+            if received == 3:
+                upstream.kill()
+    assert "upstream" in failure.value.message
+    assert received >= 3
+    [usage] = meter.wait_settled(1)
+    assert usage.outcome == "upstream_error"
+    # Billing still learns the tokens generated before the cut.
+    assert usage.prompt_tokens > 0 and usage.completion_tokens >= 2
+    metrics = httpx.get(f"{gateway.url}/metrics").text
+    assert (
+        metric_value(metrics, "cstack_upstream_errors_total", tier="fast", kind="stream_cut") == 1
+    )
+    assert metric_value(metrics, "cstack_inflight_requests", tier="fast") == 0
+
+
+def test_client_disconnect_mid_stream_aborts_in_vllm(
+    start_gateway: Callable[..., GatewayServer], vllm_url: str, api_key: str
+) -> None:
+    meter = RecordingMeter()
+    gateway = start_gateway(meter=meter, upstream_url=vllm_url)
+
+    def vllm_metric(name: str) -> float:
+        return metric_value(httpx.get(f"{vllm_url}/metrics").text, name)
+
+    # vLLM 0.32 does not count client aborts in request_success_total{finished_reason=
+    # "abort"}; what shows the abort is that generation stops: nothing left running and
+    # far fewer tokens generated than the 1500 the request would have produced.
+    tokens_before = vllm_metric("vllm:generation_tokens_total")
+    body = {
+        "model": "composer-2.5-standard",
+        "messages": MESSAGES,
+        "max_tokens": 1500,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    headers = {"authorization": f"Bearer {api_key}"}
+    with httpx.stream(
+        "POST", f"{gateway.url}/v1/chat/completions", json=body, headers=headers, timeout=60
+    ) as response:
+        assert response.status_code == 200
+        events = 0
+        for line in response.iter_lines():
+            events += line.startswith("data: ")
+            if events == 3:
+                break  # leaving the block closes the connection mid-stream
+    [usage] = meter.wait_settled(1)
+    assert usage.outcome == "client_disconnect"
+    assert usage.tier == "standard" and 2 <= usage.completion_tokens < 1500
+    deadline = time.monotonic() + 15
+    while vllm_metric("vllm:num_requests_running") > 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert vllm_metric("vllm:num_requests_running") == 0
+    generated = vllm_metric("vllm:generation_tokens_total") - tokens_before
+    assert usage.completion_tokens <= generated < 1500
