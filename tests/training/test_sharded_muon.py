@@ -1,0 +1,73 @@
+"""Sharded Muon (all-to-all to owner ranks) equals full-matrix Muon, uneven shards included."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from spawn import run_ranks
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
+
+from training.matrix_layout import WHOLE, MatrixLayout, Split
+from training.muon import Muon, MuonConfig
+
+# Shapes chosen to shard unevenly on 2, 4 and 8 ranks, leave some ranks empty, split
+# matrices across ranks, and put two parameters in one same-shape group.
+SHAPES: list[tuple[tuple[int, ...], MatrixLayout]] = [
+    ((12, 15), MatrixLayout(Split.COL_BLOCKS, 3)),  # per-head [12, 5], every rank holds rows
+    ((21, 6), MatrixLayout(Split.ROW_BLOCKS, 3)),  # per-head [7, 6], heads cross shard edges
+    ((14, 6), MatrixLayout(Split.ROW_BLOCKS, 2)),  # same [7, 6] group as above
+    ((5, 4, 6), MatrixLayout(Split.STACKED)),  # 5 experts: ranks 5..7 of 8 hold none
+    ((10, 9), WHOLE),
+    ((3, 4), WHOLE),  # fewer rows than ranks
+]
+
+
+def _tensors(seed: int) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
+    gen = torch.Generator().manual_seed(seed)
+    weights = [torch.randn(shape, generator=gen) for shape, _ in SHAPES]
+    grads = [[torch.randn(shape, generator=gen) for shape, _ in SHAPES] for _ in range(2)]
+    return weights, grads
+
+
+def _reference(config: MuonConfig) -> list[torch.Tensor]:
+    weights, grads = _tensors(0)
+    params = [nn.Parameter(w.clone()) for w in weights]
+    layouts = {p: layout for p, (_, layout) in zip(params, SHAPES, strict=True)}
+    opt = Muon([{"params": params, "use_muon": True}], layouts, config)
+    for step_grads in grads:
+        for p, g in zip(params, step_grads, strict=True):
+            p.grad = g.clone()
+        opt.step()
+    return [p.detach() for p in params]
+
+
+def _sharded_worker(rank: int, world: int, config: MuonConfig) -> None:
+    mesh = init_device_mesh("cpu", (world,))
+    weights, grads = _tensors(0)
+    params = [nn.Parameter(distribute_tensor(w.clone(), mesh, [Shard(0)])) for w in weights]
+    layouts = {p: layout for p, (_, layout) in zip(params, SHAPES, strict=True)}
+    opt = Muon([{"params": params, "use_muon": True}], layouts, config)
+    for step_grads in grads:
+        for p, g in zip(params, step_grads, strict=True):
+            p.grad = distribute_tensor(g.clone(), mesh, [Shard(0)])
+        opt.step()
+    expected = _reference(config)
+    for p, ref, w in zip(params, expected, weights, strict=True):
+        full = p.detach().full_tensor()
+        tolerance = 1e-6 * (ref - w).norm().item()
+        diff = (full - ref).abs().max().item()
+        assert diff <= tolerance, f"rank {rank} shape {tuple(ref.shape)}: {diff} > {tolerance}"
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_sharded_muon_equals_full_matrix_muon(world: int) -> None:
+    config = MuonConfig(lr=1.0, weight_decay=0.1, max_in_flight=2)
+    run_ranks(_sharded_worker, world, config)
+
+
+@pytest.mark.distributed
+def test_sharded_muon_without_overlap_is_identical() -> None:
+    run_ranks(_sharded_worker, 4, MuonConfig(lr=1.0, max_in_flight=0))

@@ -1,0 +1,90 @@
+"""HF checkpoint format <-> the trainer's state dict.
+
+The only difference is the routed experts: HF (and vLLM) store one tensor per expert
+(``mlp.experts.E.gate_proj.weight``), the trainer stacks them (``mlp.experts.gate_proj``
+[E, ...]) so that optimizer and expert-parallel code address experts by one index.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from training.model_config import ModelConfig
+
+_EXPERT_KEY = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(\w+_proj)\.weight$")
+_SHARD_BYTES = 4 << 30
+
+
+def load_hf_state_dict(path: Path, config: ModelConfig) -> dict[str, Tensor]:
+    """Read every safetensors file of a checkpoint and stack the per-expert tensors."""
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {path}")
+    flat: dict[str, Tensor] = {}
+    for file in files:
+        flat.update(load_file(str(file)))
+    experts: dict[tuple[str, str], dict[int, Tensor]] = {}
+    state: dict[str, Tensor] = {}
+    for key, tensor in flat.items():
+        match = _EXPERT_KEY.match(key)
+        if match:
+            prefix, index, proj = match.groups()
+            experts.setdefault((prefix, proj), {})[int(index)] = tensor
+        else:
+            state[key] = tensor
+    for (prefix, proj), by_index in experts.items():
+        if sorted(by_index) != list(range(config.n_routed_experts)):
+            raise ValueError(f"{prefix}.*.{proj}: expected {config.n_routed_experts} experts")
+        state[f"{prefix}.{proj}"] = torch.stack([by_index[i] for i in range(len(by_index))])
+    if "lm_head.weight" not in state and config.tie_word_embeddings:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    return state
+
+
+def to_hf_state_dict(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Unstack experts into HF's per-expert keys (tensors made contiguous, on CPU)."""
+    out: dict[str, Tensor] = {}
+    for key, tensor in state.items():
+        if key.endswith("tokens_per_expert"):
+            continue
+        match = re.match(r"^(model\.layers\.\d+\.mlp\.experts)\.(\w+_proj)$", key)
+        if match:
+            prefix, proj = match.groups()
+            for index, expert in enumerate(tensor.unbind(0)):
+                out[f"{prefix}.{index}.{proj}.weight"] = expert.detach().cpu().contiguous()
+        else:
+            out[key] = tensor.detach().cpu().contiguous()
+    return out
+
+
+def save_hf_checkpoint(state: dict[str, Tensor], config: ModelConfig, path: Path) -> None:
+    """Write ``config.json`` and safetensors shards (with an index when there are several)."""
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = to_hf_state_dict(state)
+    shards: list[dict[str, Tensor]] = [{}]
+    size = 0
+    for key in sorted(tensors):
+        nbytes = tensors[key].numel() * tensors[key].element_size()
+        if size and size + nbytes > _SHARD_BYTES:
+            shards.append({})
+            size = 0
+        shards[-1][key] = tensors[key]
+        size += nbytes
+    config.save(path)
+    if len(shards) == 1:
+        save_file(shards[0], str(path / "model.safetensors"), metadata={"format": "pt"})
+        return
+    weight_map: dict[str, str] = {}
+    for number, shard in enumerate(shards, start=1):
+        name = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(path / name), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, name))
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
