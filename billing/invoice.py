@@ -143,9 +143,9 @@ def invoice_preview(engine: Engine, book: PriceBook, org_id: str, period: str) -
 
 
 def _per_million(price_nano_per_token: int) -> str:
-    """Nano-USD per token as dollars per 1M tokens (exact: 1M tokens = 1e6 x nano)."""
-    cents, rest = divmod(price_nano_per_token, 10_000)
-    suffix = f"{rest:04d}".rstrip("0")
+    """Nano-USD per token as dollars per 1M tokens: 1M x nano-USD = price / 10 cents."""
+    cents, tenths = divmod(price_nano_per_token, 10)
+    suffix = str(tenths) if tenths else ""
     return f"{format_cents(cents)}{suffix}/1M"
 
 

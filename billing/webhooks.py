@@ -85,7 +85,7 @@ class WebhookService:
             statement = insert_ignoring_duplicates(
                 connection, StripeWebhookEvent.__table__, "event_id"
             ).values(event_id=event["id"], type=event["type"], received_at=now)
-            if not connection.execute(statement).rowcount:
+            if connection.execute(statement.returning(StripeWebhookEvent.event_id)).first() is None:
                 return False
             if org_id is not None and suspended is not None:
                 invoice = event["data"]["object"]

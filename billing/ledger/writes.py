@@ -42,8 +42,11 @@ def insert_usage_events(connection: Connection, events: Sequence[UsageEvent]) ->
         return 0
     now = datetime.now(UTC)
     statement = insert_ignoring_duplicates(connection, UsageRow.__table__, "event_id")
-    result = connection.execute(statement, [usage_row_values(e, now) for e in events])
-    return int(result.rowcount or 0)
+    # rowcount is unreliable for batched inserts (psycopg reports -1); RETURNING is exact.
+    result = connection.execute(
+        statement.returning(UsageRow.event_id), [usage_row_values(e, now) for e in events]
+    )
+    return len(result.all())
 
 
 def add_adjustment(
@@ -73,4 +76,6 @@ def add_adjustment(
         reason=reason,
         created_at=now,
     )
-    return bool(connection.execute(statement).rowcount)
+    return (
+        connection.execute(statement.returning(UsageAdjustment.adjustment_id)).first() is not None
+    )

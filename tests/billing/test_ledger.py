@@ -1,0 +1,201 @@
+"""The ledger on SQLite and PostgreSQL: migrations, deduplicated append-only usage rows,
+adjustments, the stream consumer with its dead letters, usage summary and invoice lines."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+import redis
+from sqlalchemy import Engine, func, select, text
+from sqlalchemy.exc import DBAPIError
+from typer.testing import CliRunner
+
+from billing.cli import billing_app
+from billing.consumer import UsageStreamConsumer
+from billing.events import UsageEvent
+from billing.invoice import invoice_preview
+from billing.ledger import UsageRow, add_adjustment, insert_usage_events, make_engine, migrate
+from billing.pricing import load_pricebook
+from billing.settings import BillingSettings
+from billing.summary import usage_summary
+
+DAY_ONE = datetime(2026, 11, 3, 10, 0, tzinfo=UTC)
+DAY_TWO = datetime(2026, 11, 4, 23, 59, 59, tzinfo=UTC)
+
+
+def event(
+    event_id: str, *, tier: str = "fast", at: datetime = DAY_ONE, **overrides: object
+) -> UsageEvent:
+    prices = {"fast": (3000, 15000), "standard": (500, 2500)}[tier]
+    values: dict[str, object] = {
+        "event_id": event_id,
+        "org_id": "org-ledger",
+        "key_id": "key-1",
+        "customer_id": "cus_ledger",
+        "plan": "pro",
+        "model": "composer-2.5",
+        "tier": tier,
+        "prompt_tokens": 1000,
+        "cached_tokens": 0,
+        "completion_tokens": 100,
+        "list_cost_nano_usd": 1000 * prices[0] + 100 * prices[1],
+        "allowance_consumed_nano_usd": 1000 * prices[0] + 100 * prices[1],
+        "price_version": "2026-11-01",
+        "started_at": at,
+        "ended_at": at,
+        "outcome": "complete",
+    }
+    values.update(overrides)
+    return UsageEvent.model_validate(values)
+
+
+@pytest.fixture
+def ledger(ledger_url: str) -> Engine:
+    engine = make_engine(ledger_url)
+    migrate(engine)
+    migrate(engine)  # a second run is a no-op
+    return engine
+
+
+def test_usage_rows_are_deduplicated_and_append_only(ledger: Engine) -> None:
+    with ledger.begin() as connection:
+        assert insert_usage_events(connection, [event("e1"), event("e2")]) == 2
+    with ledger.begin() as connection:
+        assert insert_usage_events(connection, [event("e2"), event("e3")]) == 1
+    with ledger.connect() as connection:
+        assert connection.execute(select(func.count()).select_from(UsageRow)).scalar_one() == 3
+    for statement in ("UPDATE usage_events SET prompt_tokens = 0", "DELETE FROM usage_events"):
+        with pytest.raises(DBAPIError, match="append-only"), ledger.begin() as connection:
+            connection.execute(text(statement))
+
+
+def test_summary_by_day_and_tier_with_adjustments(ledger: Engine) -> None:
+    with ledger.begin() as connection:
+        insert_usage_events(
+            connection,
+            [
+                event("a", at=DAY_ONE),
+                event("b", at=DAY_ONE, tier="standard"),
+                event(
+                    "c",
+                    at=DAY_TWO,
+                    allowance_consumed_nano_usd=(1000 * 3000 + 100 * 15000) // 2,
+                    promotion_multiplier="2",
+                    promotion_id="launch-week",
+                ),
+                event("other-org", at=DAY_ONE, org_id="org-other"),
+            ],
+        )
+        assert add_adjustment(
+            connection,
+            adjustment_id="adj-1",
+            org_id="org-ledger",
+            tier="fast",
+            list_cost_delta_nano_usd=-1_000_000,
+            allowance_delta_nano_usd=-1_000_000,
+            reason="goodwill credit",
+            effective_at=DAY_TWO,
+        )
+        assert not add_adjustment(
+            connection,
+            adjustment_id="adj-1",
+            org_id="org-ledger",
+            tier="fast",
+            list_cost_delta_nano_usd=-1_000_000,
+            allowance_delta_nano_usd=-1_000_000,
+            reason="the same credit again",
+        )
+    summary = usage_summary(ledger, "org-ledger", DAY_ONE.date(), DAY_TWO.date())
+    rows = {(d["date"], d["tier"]): d for d in summary["data"]}
+    assert set(rows) == {("2026-11-03", "fast"), ("2026-11-03", "standard"), ("2026-11-04", "fast")}
+    assert rows[("2026-11-03", "fast")]["list_cost_nano_usd"] == 4_500_000
+    assert rows[("2026-11-03", "fast")]["list_cost"] == "$0.004500000"
+    assert rows[("2026-11-03", "standard")]["list_cost_nano_usd"] == 750_000
+    day_two = rows[("2026-11-04", "fast")]
+    assert day_two["list_cost_nano_usd"] == 4_500_000 - 1_000_000
+    assert day_two["allowance_used_nano_usd"] == 2_250_000 - 1_000_000
+    assert day_two["promotion_savings_nano_usd"] == 2_250_000
+    totals = summary["totals"]
+    assert totals["requests"] == 3
+    assert totals["prompt_tokens"] == 3000
+    assert totals["list_cost_nano_usd"] == 4_500_000 + 750_000 + 3_500_000
+    assert totals["promotion_savings"] == "$0.002250000"
+
+
+def test_invoice_preview_rounds_each_line_once(
+    ledger: Engine, billing_settings: BillingSettings
+) -> None:
+    book = load_pricebook(billing_settings.pricebook_path)
+    # 333 output tokens of standard = 832,500 nano-USD per request: $0.0008325 each.
+    with ledger.begin() as connection:
+        insert_usage_events(
+            connection,
+            [
+                event(
+                    f"inv-{i}",
+                    tier="standard",
+                    prompt_tokens=0,
+                    completion_tokens=333,
+                    list_cost_nano_usd=832_500,
+                    allowance_consumed_nano_usd=832_500,
+                )
+                for i in range(10)
+            ],
+        )
+    preview = invoice_preview(ledger, book, "org-ledger", "2026-11")
+    (usage_line, allowance_line) = preview.lines
+    assert usage_line.quantity == 3330
+    assert usage_line.amount_nano_usd == 8_325_000
+    assert usage_line.amount_cents == 1  # $0.008325 rounds once, to $0.01
+    assert allowance_line.amount_cents == -1
+    assert preview.total_cents == 0
+    assert "standard output tokens @ $2.50/1M" in preview.render()
+
+
+def test_invoice_preview_command(
+    ledger_url: str, ledger: Engine, billing_settings: BillingSettings
+) -> None:
+    with ledger.begin() as connection:
+        insert_usage_events(
+            connection, [event(f"cli-{i}", completion_tokens=100_000) for i in range(3)]
+        )
+    env = {
+        "CSTACK_LEDGER_URL": ledger_url,
+        "CSTACK_PRICEBOOK_PATH": str(billing_settings.pricebook_path),
+    }
+    runner = CliRunner()
+    ok = runner.invoke(
+        billing_app, ["invoice-preview", "--org", "org-ledger", "--period", "2026-11"], env=env
+    )
+    assert ok.exit_code == 0, ok.output
+    assert "composer-2.5 fast input tokens @ $3.00/1M" in ok.stdout
+    assert "composer-2.5 fast output tokens @ $15.00/1M" in ok.stdout
+    assert "$4.50" in ok.stdout  # 300,000 output tokens x $15/1M
+    bad = runner.invoke(
+        billing_app, ["invoice-preview", "--org", "org-ledger", "--period", "November"], env=env
+    )
+    assert bad.exit_code == 1
+    assert bad.stderr.strip() == "error: period must look like 2026-11, got 'November'"
+
+
+def test_consumer_writes_once_and_dead_letters_poison(
+    ledger: Engine, billing_settings: BillingSettings
+) -> None:
+    client = redis.Redis.from_url(billing_settings.redis_url)
+    stream = billing_settings.usage_stream
+    for i in range(5):
+        client.xadd(stream, {"event": event(f"s-{i}").model_dump_json()})
+    client.xadd(stream, {"event": event("s-0").model_dump_json()})  # a replayed duplicate
+    client.xadd(stream, {"event": b"{not json"})
+    client.xadd(stream, {"something": b"else"})
+    consumer = UsageStreamConsumer(client, ledger, billing_settings)
+    result = consumer.drain(max_seconds=10)
+    assert (result.read, result.inserted, result.dead_lettered) == (8, 5, 2)
+    assert client.xlen(stream) == 0
+    dead = client.xrange(billing_settings.usage_dead_letter_stream)
+    assert [fields[b"reason"].decode().split(":")[0] for _, fields in dead] == [
+        "not a usage event"
+    ] * 2
+    with ledger.connect() as connection:
+        assert connection.execute(select(func.count()).select_from(UsageRow)).scalar_one() == 5
