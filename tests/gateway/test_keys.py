@@ -1,0 +1,150 @@
+"""API keys: admin API and `cstack keys`, hashed storage, revocation across replicas."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import httpx
+import pytest
+from gateway_support import ADMIN_TOKEN, GatewayServer
+from redis.asyncio import Redis
+from typer.testing import CliRunner, Result
+
+from deploy.cli import app as cli_app
+
+ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+@pytest.fixture(scope="module")
+def replicas(
+    start_gateway: Callable[..., GatewayServer], vllm_url: str
+) -> tuple[GatewayServer, GatewayServer]:
+    """Two gateway replicas sharing one Redis, as in production."""
+    return start_gateway(upstream_url=vllm_url), start_gateway(upstream_url=vllm_url)
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}
+
+
+def test_admin_api_needs_its_own_token(
+    start_gateway: Callable[..., GatewayServer],
+    replicas: tuple[GatewayServer, GatewayServer],
+    api_key: str,
+) -> None:
+    url = replicas[0].url
+    assert httpx.post(f"{url}/admin/orgs", json={"org_id": "x"}).status_code == 401
+    wrong = httpx.post(f"{url}/admin/orgs", json={"org_id": "x"}, headers=bearer(api_key))
+    assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_admin_token"
+    closed = start_gateway(admin_token=None)
+    refused = httpx.get(f"{closed.url}/admin/orgs/acme", headers=ADMIN)
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "admin_disabled"
+
+
+def test_admin_create_list_revoke_across_replicas(
+    replicas: tuple[GatewayServer, GatewayServer], redis_url: str
+) -> None:
+    first, second = replicas
+    org = httpx.post(
+        f"{first.url}/admin/orgs", json={"org_id": "globex", "plan": "pro"}, headers=ADMIN
+    )
+    assert org.status_code == 201 and org.json()["plan"] == "pro"
+    duplicate = httpx.post(f"{first.url}/admin/orgs", json={"org_id": "globex"}, headers=ADMIN)
+    assert duplicate.status_code == 409
+    bad = httpx.post(f"{first.url}/admin/orgs", json={"org_id": "no spaces"}, headers=ADMIN)
+    assert bad.status_code == 400 and "invalid org id" in bad.json()["error"]["message"]
+    assert httpx.post(f"{first.url}/admin/orgs/nobody/keys", headers=ADMIN).status_code == 404
+
+    created = httpx.post(
+        f"{first.url}/admin/orgs/globex/keys", json={"name": "ci"}, headers=ADMIN
+    ).json()
+    key, key_id = created["key"], created["key_id"]
+    assert created["plan"] == "pro" and key.startswith("sk-cs-")
+    listed = httpx.get(f"{second.url}/admin/orgs/globex/keys", headers=ADMIN).json()["data"]
+    assert [entry["key_id"] for entry in listed] == [key_id]
+    assert "key" not in listed[0] and "digest" not in listed[0]
+    assert_not_stored_in_plaintext(redis_url, key)
+
+    # Both replicas have the key in their cache before it is revoked.
+    for replica in replicas:
+        assert httpx.get(f"{replica.url}/v1/models", headers=bearer(key)).status_code == 200
+    revoked = httpx.post(f"{first.url}/admin/keys/{key_id}/revoke", headers=ADMIN)
+    assert revoked.status_code == 200 and revoked.json()["revoked_at"] is not None
+    revoked_at = time.monotonic()
+    assert httpx.get(f"{first.url}/v1/models", headers=bearer(key)).status_code == 401
+    # The other replica learns of it through Redis: poll, bounded by the 1 s contract.
+    while True:
+        status = httpx.get(f"{second.url}/v1/models", headers=bearer(key)).status_code
+        elapsed = time.monotonic() - revoked_at
+        if status == 401 or elapsed > 1.0:
+            break
+        time.sleep(0.02)
+    assert status == 401, f"revoked key still accepted {elapsed:.2f}s after revocation"
+    unknown = httpx.post(f"{first.url}/admin/keys/0123456789abcdef/revoke", headers=ADMIN)
+    assert unknown.status_code == 404
+
+
+def assert_not_stored_in_plaintext(redis_url: str, key: str) -> None:
+    secret = key.split(".", 1)[1]
+
+    async def scan() -> list[bytes]:
+        redis = Redis.from_url(redis_url)
+        try:
+            values: list[bytes] = []
+            async for name in redis.scan_iter("cstack:*"):
+                kind = await redis.type(name)
+                if kind == b"hash":
+                    values += list((await redis.hgetall(name)).values())
+                elif kind == b"string":
+                    values.append(await redis.get(name))
+                elif kind == b"set":
+                    values += list(await redis.smembers(name))
+            return values
+        finally:
+            await redis.aclose()  # type: ignore[attr-defined]
+
+    assert all(secret.encode() not in value for value in asyncio.run(scan()))
+
+
+def cstack(redis_url: str, *args: str) -> Result:
+    """`cstack keys ...` run in-process (the real command, without a 2-core import tax)."""
+    return CliRunner().invoke(cli_app, ["keys", *args], env={"CSTACK_REDIS_URL": redis_url})
+
+
+def test_cli_create_list_revoke(
+    replicas: tuple[GatewayServer, GatewayServer], redis_url: str
+) -> None:
+    gateway = replicas[1]
+    created = cstack(redis_url, "create", "--org", "initech", "--plan", "team")
+    assert created.exit_code == 0, created.output
+    fields = dict(line.split(": ", 1) for line in created.stdout.splitlines())
+    key, key_id = fields["key"], fields["key_id"]
+    assert fields["org"] == "initech" and fields["plan"] == "team"
+    assert httpx.get(f"{gateway.url}/v1/models", headers=bearer(key)).status_code == 200
+
+    listed = cstack(redis_url, "list", "--org", "initech")
+    assert listed.exit_code == 0 and f"{key_id}\tactive\tteam" in listed.stdout
+    assert key.split(".", 1)[1] not in listed.stdout
+
+    revoked = cstack(redis_url, "revoke", key_id)
+    assert revoked.exit_code == 0 and key_id in revoked.stdout
+    deadline = time.monotonic() + 1.0
+    status = 200
+    while status != 401 and time.monotonic() < deadline:
+        status = httpx.get(f"{gateway.url}/v1/models", headers=bearer(key)).status_code
+    assert status == 401
+    assert f"{key_id}\trevoked" in cstack(redis_url, "list", "--org", "initech").stdout
+
+    missing = cstack(redis_url, "revoke", "0123456789abcdef")
+    assert missing.exit_code == 1
+    assert missing.stderr.strip() == "error: unknown key '0123456789abcdef'"
+
+
+def test_cli_reports_unreachable_redis_in_one_line() -> None:
+    result = cstack("redis://127.0.0.1:1/0", "list", "--org", "acme")
+    assert result.exit_code == 1
+    assert (
+        result.stderr.startswith("error: cannot reach Redis") and "Traceback" not in result.stderr
+    )
