@@ -24,7 +24,20 @@ _EXPORTS = {
     "cross_entropy_loss": "training.losses",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "DeepseekV3Model",
+    "LossFn",
+    "LossTerms",
+    "ModelConfig",
+    "Muon",
+    "MuonConfig",
+    "NewtonSchulzConfig",
+    "ParallelConfig",
+    "Trainer",
+    "TrainerConfig",
+    "build_optimizer",
+    "cross_entropy_loss",
+]
 
 if TYPE_CHECKING:
     from training.losses import LossFn, LossTerms, cross_entropy_loss

@@ -1,0 +1,82 @@
+"""One training step on world 8 (HSDP dense mesh, expert mesh, CP=2, EP=8) equals the
+single-process reference: loss, every gradient (summed to the global token mean, not
+off by the world size), the gradient norm, updated weights and routing biases."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spawn import run_ranks
+from training.data import RandomTokens
+from training.losses import cross_entropy_loss
+from training.mesh import ParallelConfig
+from training.model import DeepseekV3Model
+from training.model_config import ModelConfig
+from training.moe import update_routing_bias
+from training.muon import MuonConfig, build_optimizer
+from training.trainer import Trainer
+from training.trainer_config import TrainerConfig
+
+SMALL = ModelConfig(
+    vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+    num_hidden_layers=2, first_k_dense_replace=1, num_attention_heads=2, q_lora_rank=16,
+    kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8,
+    n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1,
+    max_position_embeddings=64,
+)  # fmt: skip
+
+
+def _config(parallel: ParallelConfig) -> TrainerConfig:
+    return TrainerConfig(
+        model=SMALL, batch_size=4, seq_len=8, steps=1, seed=3, grad_clip=1e9,
+        routing_bias_speed=0.01, parallel=parallel,
+        optimizer=MuonConfig(lr=0.05, adamw_lr=0.01, weight_decay=0.01, max_in_flight=2),
+    )  # fmt: skip
+
+
+def _reference(config: TrainerConfig, batch: dict[str, torch.Tensor]) -> dict[str, object]:
+    model = DeepseekV3Model(SMALL)
+    model.init_weights(config.seed)
+    logits = model(batch["input_ids"])
+    terms = cross_entropy_loss(logits, batch)
+    loss = terms.loss_sum / terms.tokens
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    norm = torch.sqrt(sum(g.double().pow(2).sum() for g in grads.values()))
+    build_optimizer(model, config.optimizer).step()
+    update_routing_bias(model, config.routing_bias_speed, None)
+    return {"loss": loss.item(), "grads": grads, "norm": float(norm), "state": model.state_dict()}
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    gather = getattr(tensor, "full_tensor", None)
+    return (gather() if gather is not None else tensor).detach()
+
+
+def _worker(rank: int, world: int) -> None:
+    config = _config(ParallelConfig(world_size=world, dp_shard=2, cp=2, ep=8))
+    trainer = Trainer(config)
+    batch = RandomTokens(SMALL.vocab_size, config.seed).batch(0, config.batch_size, config.seq_len)
+    expected = _reference(config, batch)
+
+    loss, tokens = trainer.forward_backward(batch)
+    assert tokens == config.batch_size * config.seq_len
+    assert loss == pytest.approx(expected["loss"], rel=1e-5)
+    ref_grads = expected["grads"]
+    assert isinstance(ref_grads, dict)
+    for name, param in trainer.model.named_parameters():
+        assert param.grad is not None, name
+        torch.testing.assert_close(_full(param.grad), ref_grads[name], rtol=1e-4, atol=1e-6)
+
+    norm, _ = trainer.optimizer_step()
+    assert norm == pytest.approx(expected["norm"], rel=1e-5)
+    ref_state = expected["state"]
+    assert isinstance(ref_state, dict)
+    for name, value in trainer.model.state_dict().items():
+        torch.testing.assert_close(_full(value), ref_state[name], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.distributed
+def test_world8_step_matches_single_process() -> None:
+    run_ranks(_worker, 8)

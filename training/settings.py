@@ -1,0 +1,36 @@
+"""Settings of the training package (environment prefix ``CSTACK_``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class TrainingSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CSTACK_", extra="ignore")
+
+    # Trainer core: where `cstack train` keeps DCP checkpoints unless told otherwise, and
+    # the port rank 0 serves Prometheus metrics on (unset: no metrics server).
+    train_checkpoint_dir: Path = Path(".cstack/checkpoints")
+    trainer_metrics_port: int | None = None
+
+    # --- RL loop (training/rl, agent, rollouts, tasks): owned by the RL engineer ---
+    #: Celery broker and trajectory stream (the same CSTACK_REDIS_URL billing reads).
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    #: Where rollouts call the policy: the gateway's OpenAI-compatible API, and its key.
+    rl_policy_url: str = "http://127.0.0.1:8000/v1"
+    rl_api_key: SecretStr = SecretStr("")
+    #: vLLM engines whose weights the trainer updates in place (their own base URLs).
+    rl_engine_urls: list[str] = []
+    rl_trajectory_stream: str = "cstack:rl:trajectories"
+    rl_rollout_queue: str = "rollouts"
+    #: Hard time limit of one rollout; the broker redelivers an unacked one after
+    #: ``rl_rollout_redeliver_s`` (publishing is idempotent, so a redelivery never duplicates).
+    rl_rollout_time_limit_s: int = 900
+    rl_rollout_redeliver_s: int = 1200
+    rl_task_dir: Path = Path(".cstack/tasks")
+    rl_max_tokens: int = 256
+    rl_max_turns: int = 8
+    rl_metrics_port: int | None = None

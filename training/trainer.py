@@ -1,0 +1,206 @@
+"""The training loop: sharded model, Muon, loss hook, clipping, checkpoints, metrics.
+
+One ``Trainer`` per rank (under torchrun). Each step every rank builds the same global
+batch (training.data), keeps its own samples (data-parallel rank) and sequence chunk
+(context-parallel rank), runs the loss hook (training.losses) and backpropagates its
+share of the global token mean; reductions sum (training.parallelize), so gradients equal
+a single process's on the whole batch.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from training.checkpoint import export_hf, latest_checkpoint, load_checkpoint, save_checkpoint
+from training.data import RandomTokens, TokenStream
+from training.losses import LossFn, cross_entropy_loss
+from training.mesh import Meshes, build_meshes
+from training.metrics import serve_metrics, trainer_metrics
+from training.model import DeepseekV3Model
+from training.moe import update_routing_bias
+from training.muon import build_optimizer
+from training.parallelize import parallelize, reduce_expert_gradients
+from training.trainer_config import TrainerConfig
+
+
+@dataclass
+class StepStats:
+    step: int
+    loss: float
+    tokens: int
+    seconds: float
+    optimizer_seconds: float
+    grad_norm: float
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class Trainer:
+    """``Trainer(config, loss_fn).fit()``; or drive ``train_step(batch)`` yourself (RL)."""
+
+    def __init__(self, config: TrainerConfig, loss_fn: LossFn = cross_entropy_loss) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError("Trainer needs torch.distributed initialised (run under torchrun)")
+        config.validate()
+        self.config = config
+        self.loss_fn = loss_fn
+        self.model_config = config.model_config()
+        self.device = torch.device(
+            f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
+        )
+        self.rank = dist.get_rank()
+        seed_everything(config.seed)
+        self.meshes: Meshes = build_meshes(config.parallel, self.device.type)
+        if config.model_path is not None:
+            model = DeepseekV3Model.from_pretrained(config.model_path)
+        else:
+            model = DeepseekV3Model(self.model_config)
+            model.init_weights(config.seed)
+        self.model = parallelize(model.to(self.device), self.meshes)
+        self.optimizer = build_optimizer(self.model, config.optimizer)
+        vocab = self.model_config.vocab_size
+        self.data = (
+            TokenStream.from_jsonl(config.data_path, config.model_path, vocab, config.seed)
+            if config.data_path is not None
+            else RandomTokens(vocab, config.seed)
+        )
+        self.step = 0
+        resume = latest_checkpoint(config.checkpoint_dir)
+        if resume is not None:
+            self.step = load_checkpoint(resume, self.model, self.optimizer)
+            self._log(f"resumed from {resume} at step {self.step}")
+        if config.metrics_port is not None and self.rank == 0:
+            serve_metrics(config.metrics_port)
+
+    # -- one step -------------------------------------------------------------------
+
+    def local_batch(self, batch: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """This rank's samples and sequence chunk; adds global ``positions``."""
+        parallel = self.config.parallel
+        input_ids = batch["input_ids"]
+        batch_size, seq_len = input_ids.shape
+        per_rank = batch_size // parallel.data_parallel
+        first = self.meshes.dp_rank * per_rank
+        positions = torch.arange(seq_len).expand(batch_size, seq_len)
+        cp_size = self.meshes.context.size(1)
+        chunk = seq_len // cp_size
+        offset = self.meshes.context.get_local_rank("cp") * chunk
+        out: dict[str, Tensor] = {}
+        for key, value in {**batch, "positions": positions}.items():
+            value = value[first : first + per_rank]
+            if value.dim() >= 2 and value.shape[1] == seq_len:
+                value = value[:, offset : offset + chunk]
+            out[key] = value.to(self.device)
+        return out
+
+    def forward_backward(self, batch: Mapping[str, Tensor]) -> tuple[float, int]:
+        """Loss (global token mean) and global token count; gradients accumulate."""
+        local = self.local_batch(batch)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.bf16):
+            logits = self.model(local["input_ids"], local["positions"])
+        terms = self.loss_fn(logits, local)
+        tokens = terms.tokens.detach().to(torch.float64).reshape(1).clone()
+        dist.all_reduce(tokens)
+        loss = terms.loss_sum / tokens.clamp(min=1).to(terms.loss_sum.dtype)[0]
+        loss.backward()
+        reduce_expert_gradients(self.model, self.meshes)
+        reported = loss.detach().reshape(1).clone()
+        dist.all_reduce(reported)
+        return float(reported), int(tokens)
+
+    def clip_gradients(self) -> float:
+        """Global gradient norm over every parameter, whatever mesh it lives on."""
+        total = torch.zeros(1, dtype=torch.float64, device=self.device)
+        for param in self.model.parameters():
+            if param.grad is None:
+                continue
+            grad = param.grad
+            local = grad.to_local() if hasattr(grad, "to_local") else grad
+            replicas = 1
+            for mesh_dim, placement in enumerate(getattr(grad, "placements", ())):
+                if placement.is_replicate():
+                    replicas *= grad.device_mesh.size(mesh_dim)  # type: ignore[attr-defined]
+            total += local.double().pow(2).sum() / replicas
+        dist.all_reduce(total)
+        norm = float(total.sqrt())
+        if self.config.grad_clip > 0 and norm > self.config.grad_clip:
+            scale = self.config.grad_clip / (norm + 1e-6)
+            for param in self.model.parameters():
+                if param.grad is not None:
+                    grad = param.grad
+                    (grad.to_local() if hasattr(grad, "to_local") else grad).mul_(scale)
+        return norm
+
+    def optimizer_step(self) -> tuple[float, float]:
+        """Clip, step, balance routing; returns (grad norm, optimizer seconds)."""
+        norm = self.clip_gradients()
+        started = time.perf_counter()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        seconds = time.perf_counter() - started
+        update_routing_bias(self.model, self.config.routing_bias_speed, dist.group.WORLD)
+        self.step += 1
+        return norm, seconds
+
+    def train_step(self, batch: Mapping[str, Tensor]) -> StepStats:
+        started = time.perf_counter()
+        loss, tokens = self.forward_backward(batch)
+        norm, optimizer_seconds = self.optimizer_step()
+        seconds = time.perf_counter() - started
+        stats = StepStats(self.step, loss, tokens, seconds, optimizer_seconds, norm)
+        if self.rank == 0:
+            trainer_metrics().record(self.step, seconds, loss, tokens, time.time())
+        return stats
+
+    # -- the loop -------------------------------------------------------------------
+
+    def fit(self) -> list[StepStats]:
+        cfg = self.config
+        history: list[StepStats] = []
+        while self.step < cfg.steps:
+            stats = self.train_step(self.data.batch(self.step, cfg.batch_size, cfg.seq_len))
+            history.append(stats)
+            if cfg.log_every and stats.step % cfg.log_every == 0:
+                self._log(
+                    f"step {stats.step}/{cfg.steps} | loss {stats.loss:.4f} | "
+                    f"tokens/s {stats.tokens / stats.seconds:,.0f} | "
+                    f"optimizer {stats.optimizer_seconds * 1e3:.1f} ms | "
+                    f"grad norm {stats.grad_norm:.3f} | step {stats.seconds:.2f} s"
+                )
+            if (
+                cfg.checkpoint_dir
+                and cfg.checkpoint_every
+                and stats.step % cfg.checkpoint_every == 0
+            ):
+                self.save()
+        if cfg.checkpoint_dir and not (
+            cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0
+        ):
+            self.save()
+        if cfg.export_dir is not None:
+            self.export(cfg.export_dir)
+        return history
+
+    def save(self) -> None:
+        assert self.config.checkpoint_dir is not None
+        path = save_checkpoint(self.config.checkpoint_dir, self.step, self.model, self.optimizer)
+        self._log(f"checkpoint saved to {path}")
+
+    def export(self, out: Path) -> None:
+        export_hf(self.model, self.model_config, out, self.config.model_path)
+        self._log(f"HF weights for serving written to {out}")
+
+    def _log(self, message: str) -> None:
+        if self.rank == 0:
+            print(message, flush=True)

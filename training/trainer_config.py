@@ -1,0 +1,90 @@
+"""The trainer's configuration: one dataclass tree, JSON round-trippable.
+
+`cstack train` validates it in the launching process (so bad configs fail before torchrun
+starts any worker) and hands it to every rank as JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from training.mesh import ParallelConfig
+from training.model_config import ModelConfig
+from training.muon import MuonConfig
+from training.newton_schulz import NewtonSchulzConfig
+
+
+@dataclass
+class TrainerConfig:
+    # Start from this HF checkpoint; without one, a random model of ``model`` is built.
+    model_path: Path | None = None
+    model: ModelConfig | None = None
+    data_path: Path | None = None  # JSONL with "text" or "input_ids"; None: random tokens
+    batch_size: int = 8  # samples per optimizer step, over all ranks
+    seq_len: int = 64
+    steps: int = 10
+    seed: int = 0
+    grad_clip: float = 1.0
+    bf16: bool = False
+    routing_bias_speed: float = 1e-3  # aux-loss-free balancing step per optimizer step
+    optimizer: MuonConfig = field(default_factory=MuonConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    checkpoint_dir: Path | None = None
+    checkpoint_every: int = 0  # 0: only at the end (when checkpoint_dir is set)
+    export_dir: Path | None = None  # HF-format weights for serving, written at the end
+    log_every: int = 1
+    metrics_port: int | None = None
+
+    def model_config(self) -> ModelConfig:
+        if self.model_path is not None:
+            return ModelConfig.from_pretrained(self.model_path)
+        if self.model is None:
+            raise ValueError("either model_path or model must be set")
+        return self.model
+
+    def validate(self) -> None:
+        """Everything checkable without processes; raises with the constraint's name."""
+        if self.model_path is not None and not (self.model_path / "config.json").is_file():
+            raise ValueError(f"{self.model_path} is not a model directory (no config.json)")
+        if self.data_path is not None and not self.data_path.is_file():
+            raise ValueError(f"data file {self.data_path} does not exist")
+        if self.batch_size < 1 or self.seq_len < 1 or self.steps < 0:
+            raise ValueError("batch_size and seq_len must be >= 1 and steps >= 0")
+        self.parallel.validate(self.model_config(), self.batch_size, self.seq_len)
+
+    def to_json(self) -> str:
+        return json.dumps(_encode(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> TrainerConfig:
+        data = json.loads(text)
+        model = data.pop("model")
+        parallel = data.pop("parallel")
+        optimizer = data.pop("optimizer")
+        ns = optimizer.pop("newton_schulz")
+        if isinstance(ns["schedule"], list):
+            ns["schedule"] = tuple(tuple(c) for c in ns["schedule"])
+        optimizer["adamw_betas"] = tuple(optimizer["adamw_betas"])
+        for key in ("model_path", "data_path", "checkpoint_dir", "export_dir"):
+            if data[key] is not None:
+                data[key] = Path(data[key])
+        return cls(
+            **data,
+            model=None if model is None else ModelConfig(**model),
+            optimizer=MuonConfig(**optimizer, newton_schulz=NewtonSchulzConfig(**ns)),
+            parallel=ParallelConfig(**parallel),
+        )
+
+
+def _encode(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, tuple | list):
+        return [_encode(v) for v in value]
+    return value
