@@ -1,0 +1,211 @@
+"""Real processes for the observability test: a gateway with the real billing meter, a
+Prometheus server, a stand-in for Stripe's meter-event endpoint, and the PromQL that the
+dashboards and alert rules hold."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl
+
+import httpx
+import uvicorn
+import yaml
+from redis.asyncio import Redis
+
+from billing.meter import Meter
+from gateway import GatewaySettings, KeyStore, create_app
+
+REPO = Path(__file__).resolve().parents[2]
+DASHBOARDS = sorted((REPO / "deploy" / "grafana").glob("*.json"))
+ALERTS = REPO / "deploy" / "prometheus" / "alerts.yaml"
+#: Grafana's variables, set the way the dashboards are opened: all tiers, and a window wide
+#: enough to hold the whole test's traffic.
+GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$tier": ".*"}
+ALERT_FORM = re.compile(
+    r"^(?P<signal>.+?)\s*(?:>=|<=|==|!=|>|<)\s*(?P<threshold>[0-9.e+-]+)$", re.S
+)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until(predicate: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        time.sleep(0.2)
+
+
+def dashboard_expressions() -> Iterator[tuple[str, str]]:
+    """``(where, PromQL)`` for every panel target, Grafana variables substituted."""
+    for path in DASHBOARDS:
+        dashboard = json.loads(path.read_text())
+        for panel in dashboard["panels"]:
+            for target in panel["targets"]:
+                expr = target["expr"]
+                for variable, value in GRAFANA_VARIABLES.items():
+                    expr = expr.replace(variable, value)
+                yield f"{path.stem}: {panel['title']} [{target['refId']}]", expr
+
+
+def alert_expressions() -> Iterator[tuple[str, str, str]]:
+    """``(alert, full expression, signal)``: the signal is the part before the threshold."""
+    for group in yaml.safe_load(ALERTS.read_text())["groups"]:
+        for rule in group["rules"]:
+            expr = rule["expr"].strip()
+            match = ALERT_FORM.match(expr)
+            assert match, f"{rule['alert']}: not `<signal> <comparison> <number>`"
+            yield rule["alert"], expr, match["signal"]
+
+
+class ThreadedGateway:
+    """The gateway app served by uvicorn on a free port in a background thread."""
+
+    def __init__(self, settings: GatewaySettings, meter: Meter) -> None:
+        config = uvicorn.Config(
+            create_app(settings, meter),
+            host="127.0.0.1",
+            port=settings.port,
+            log_level="warning",
+            lifespan="on",
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.url = f"http://127.0.0.1:{settings.port}"
+
+    def start(self) -> ThreadedGateway:
+        self.thread.start()
+        wait_until(
+            lambda: self.server.started or not self.thread.is_alive(), 30, "the gateway to start"
+        )
+        assert self.thread.is_alive(), "the gateway exited while starting"
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=15)
+
+
+def create_api_key(redis_url: str, org: str, plan: str, customer_id: str) -> str:
+    """A fresh key for ``org`` (created with ``plan`` and a billing customer)."""
+
+    async def create() -> str:
+        redis = Redis.from_url(redis_url)
+        try:
+            store = KeyStore(redis, plan)
+            if await store.get_org(org) is None:
+                await store.create_org(org, plan=plan, customer_id=customer_id)
+            token, _record = await store.create_key(org, plan=plan)
+            return str(token)
+        finally:
+            await redis.aclose()  # type: ignore[attr-defined]
+
+    return asyncio.run(create())
+
+
+class StripeStandIn:
+    """Answers ``POST /v1/billing/meter_events`` as Stripe does and records each event."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, str]] = []
+        events = self.events
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                form = dict(parse_qsl(body.decode()))
+                if self.path != "/v1/billing/meter_events":
+                    self._reply(404, {"error": {"message": "no such path"}})
+                    return
+                events.append(form)
+                self._reply(
+                    200,
+                    {
+                        "object": "billing.meter_event",
+                        "event_name": form.get("event_name"),
+                        "identifier": form.get("identifier"),
+                        "created": int(time.time()),
+                        "livemode": False,
+                        "payload": {},
+                        "timestamp": int(form.get("timestamp", time.time())),
+                    },
+                )
+
+            def _reply(self, status: int, body: dict[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def prometheus_config(
+    targets: dict[str, tuple[str, dict[str, str]]], rule_files: list[Path]
+) -> dict[str, Any]:
+    """A config scraping each ``job: (host:port, labels)`` every second."""
+    return {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(path) for path in rule_files],
+        "scrape_configs": [
+            {
+                "job_name": job,
+                "metrics_path": "/metrics",
+                "static_configs": [{"targets": [address], "labels": labels}],
+            }
+            for job, (address, labels) in targets.items()
+        ],
+    }
+
+
+class PrometheusApi:
+    def __init__(self, url: str) -> None:
+        self.client = httpx.Client(base_url=url, timeout=10.0)
+
+    def get(self, path: str, **params: str) -> Any:
+        response = self.client.get(path, params=params)
+        body = response.json()
+        assert body.get("status") == "success", f"{path} {params}: {body.get('error', body)}"
+        return body["data"]
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        data = self.get("/api/v1/query", query=expr)
+        assert data["resultType"] in {"vector", "scalar"}, data["resultType"]
+        if data["resultType"] == "scalar":
+            return [{"metric": {}, "value": data["result"]}]
+        result: list[dict[str, Any]] = data["result"]
+        return result
+
+    def ready(self) -> bool:
+        try:
+            return self.client.get("/-/ready").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def close(self) -> None:
+        self.client.close()
