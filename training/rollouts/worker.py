@@ -1,0 +1,111 @@
+"""The rollout Celery app: one task runs one episode and publishes its trajectory.
+
+Delivery is at-least-once (acks_late + reject_on_worker_lost: a worker killed mid-episode
+leaves its message unacknowledged and the broker hands it out again); publishing is
+exactly-once per rollout id (see publish.py). Together: no accepted rollout is lost and
+none is duplicated.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import cache
+
+import httpx
+import openai
+import redis
+from celery import Celery
+
+from training.agent import EpisodeConfig, PolicyClient, SamplingConfig
+from training.rl import load_feedback_config
+from training.rollouts.environments import CodingEnvironment, DigitsEnvironment, Environment
+from training.rollouts.gate import PolicyVersionGate, SyncTimeout
+from training.rollouts.publish import TrajectoryPublisher
+from training.rollouts.request import RolloutRequest
+from training.settings import TrainingSettings
+
+logger = logging.getLogger(__name__)
+
+TASK_NAME = "rollouts.run"
+TRANSIENT = (
+    openai.APIConnectionError, openai.APITimeoutError, openai.InternalServerError,
+    openai.RateLimitError, httpx.TransportError, redis.ConnectionError, SyncTimeout,
+)  # fmt: skip
+
+
+def make_celery(settings: TrainingSettings) -> Celery:
+    app = Celery("cstack-rollouts", broker=settings.redis_url)
+    app.conf.update(
+        task_default_queue=settings.rl_rollout_queue,
+        task_ignore_result=True,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={"visibility_timeout": settings.rl_rollout_redeliver_s},
+        task_time_limit=settings.rl_rollout_time_limit_s + 30,
+        task_soft_time_limit=settings.rl_rollout_time_limit_s,
+    )
+    return app
+
+
+settings = TrainingSettings()
+celery_app = make_celery(settings)
+
+
+@cache
+def _redis() -> redis.Redis:
+    return redis.Redis.from_url(settings.redis_url)
+
+
+@cache
+def _policy() -> PolicyClient:
+    sampling = SamplingConfig(max_tokens=settings.rl_max_tokens)
+    return PolicyClient(
+        settings.rl_policy_url, settings.rl_api_key.get_secret_value() or "none", sampling
+    )
+
+
+@cache
+def _environments() -> dict[str, Environment]:
+    feedback = load_feedback_config()
+    episode = EpisodeConfig(
+        max_turns=settings.rl_max_turns, wall_time_s=settings.rl_rollout_time_limit_s
+    )
+    envs: list[Environment] = [
+        CodingEnvironment(settings.rl_task_dir, episode, feedback),
+        DigitsEnvironment(feedback),
+    ]
+    return {env.name: env for env in envs}
+
+
+def run_rollout_request(request: RolloutRequest) -> str:
+    """Run (unless already published) and publish; returns the stream entry id."""
+    publisher = TrajectoryPublisher(_redis(), settings.rl_trajectory_stream)
+    existing = publisher.published_entry(request.rollout_id)
+    if existing:
+        logger.info("rollout %s already published as %s", request.rollout_id, existing)
+        return existing
+    environment = _environments().get(request.environment)
+    if environment is None:
+        raise ValueError(f"unknown environment {request.environment!r}")
+    gate = PolicyVersionGate(_redis())
+    trajectory = environment.run(request, _policy(), gate.turn)
+    return publisher.publish(trajectory)
+
+
+@celery_app.task(
+    name=TASK_NAME,
+    bind=True,
+    autoretry_for=TRANSIENT,
+    retry_backoff=True,
+    retry_backoff_max=60,
+    max_retries=5,
+)
+def run_rollout(self: object, payload: dict[str, object]) -> str:
+    return run_rollout_request(RolloutRequest.model_validate(payload))
+
+
+def submit(request: RolloutRequest) -> None:
+    """Enqueue one rollout (the trainer calls this with the current policy version)."""
+    celery_app.send_task(TASK_NAME, args=[request.model_dump()], queue=settings.rl_rollout_queue)
