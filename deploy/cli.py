@@ -24,9 +24,11 @@ app.command("up")(up)
 
 # --- commands contributed by the other packages (one block each) ---
 
+from training.rollouts.cli import worker_rollouts  # noqa: E402
 from training.tasks.cli import tasks_app  # noqa: E402
 
 app.add_typer(tasks_app, name="tasks")
+worker_app.command("rollouts")(worker_rollouts)
 
 from gateway.cli import gateway, keys_app  # noqa: E402
 
