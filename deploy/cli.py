@@ -30,6 +30,10 @@ from training.tasks.cli import tasks_app  # noqa: E402
 app.add_typer(tasks_app, name="tasks")
 worker_app.command("rollouts")(worker_rollouts)
 
+from training.cli import train  # noqa: E402
+
+app.command("train")(train)
+
 from gateway.cli import gateway, keys_app  # noqa: E402
 
 app.command("gateway")(gateway)

@@ -11,9 +11,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class TrainingSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CSTACK_", extra="ignore")
 
-    # Trainer core: where `cstack train` keeps DCP checkpoints unless told otherwise, and
-    # the port rank 0 serves Prometheus metrics on (unset: no metrics server).
-    train_checkpoint_dir: Path = Path(".cstack/checkpoints")
+    # --- Trainer core: DCP checkpoints of `cstack train` when --checkpoint-dir is not given
+    # (unset: none), and the port rank 0 serves Prometheus metrics on (unset: none) ---
+    train_checkpoint_dir: Path | None = None
     trainer_metrics_port: int | None = None
 
     # --- RL loop (training/rl, agent, rollouts, tasks): owned by the RL engineer ---
