@@ -35,15 +35,14 @@ def build(
         raise typer.BadParameter(f"{repo} is not a directory", param_hint="--repo")
     total = 0
     with tempfile.TemporaryDirectory(prefix="cstack-fetch-") as scratch:
-        sources: list[tuple[str, Path]] = []
         try:
-            if repo is not None:
-                sources.append((repo.resolve().name, repo))
-            for requirement in pypi:
-                name = re.sub(r"[^A-Za-z0-9_.-]+", "_", requirement)
-                typer.echo(f"fetching {requirement} ...")
-                sources.append((name, fetch_sdist(requirement, Path(scratch) / name)))
-            for name, root in sources:
+            for requirement in pypi or [""]:
+                if repo is not None:
+                    name, root = repo.resolve().name, repo
+                else:
+                    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", requirement)
+                    typer.echo(f"fetching {requirement} ...")
+                    root = fetch_sdist(requirement, Path(scratch) / name)
                 config = BuildConfig(max_tasks, max_candidates, timeout_s, tuple(only), name)
                 report = build_tasks(root, out, config, log=lambda line: typer.echo(f"  {line}"))
                 total += len(report.tasks)

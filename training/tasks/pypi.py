@@ -23,7 +23,7 @@ def fetch_sdist(requirement: str, dest: Path, timeout_s: float = 300.0) -> Path:
     downloads.mkdir(parents=True, exist_ok=True)
     command = [
         sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
-        "--no-build-isolation", "--disable-pip-version-check", "-d", str(downloads), requirement,
+        "--disable-pip-version-check", "-d", str(downloads), requirement,
     ]  # fmt: skip
     before = set(downloads.iterdir())
     proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
