@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -173,3 +174,18 @@ def hammer_meter(settings_json: str, org: str, requests: int, seed: int) -> tupl
         return sum(results), requests - sum(results)
 
     return asyncio.run(run())
+
+
+class StripeStandIn:
+    def __init__(self, port: int, record: Path, process: subprocess.Popen[bytes]) -> None:
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.record = record
+        self.process = process
+
+    def requests(self) -> list[dict[str, Any]]:
+        if not self.record.exists():
+            return []
+        return [json.loads(line) for line in self.record.read_text().splitlines() if line]
+
+    def accepted(self) -> list[dict[str, Any]]:
+        return [r for r in self.requests() if r["result"] == "accepted"]

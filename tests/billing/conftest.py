@@ -3,7 +3,6 @@ private Valkey servers a test may stop, and real `cstack worker billing` / `csta
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import uuid
@@ -12,7 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from billing_support import Process, free_port, port_open, settings_env, wait_for, write_book
+from billing_support import (
+    Process,
+    StripeStandIn,
+    free_port,
+    port_open,
+    settings_env,
+    wait_for,
+    write_book,
+)
 from sqlalchemy import create_engine, text
 
 from billing.settings import BillingSettings
@@ -69,21 +76,6 @@ def ledger_url(request: pytest.FixtureRequest, tmp_path: Path, postgres_url: str
     with admin.begin() as connection:
         connection.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
     admin.dispose()
-
-
-class StripeStandIn:
-    def __init__(self, port: int, record: Path, process: subprocess.Popen[bytes]) -> None:
-        self.base_url = f"http://127.0.0.1:{port}"
-        self.record = record
-        self.process = process
-
-    def requests(self) -> list[dict[str, Any]]:
-        if not self.record.exists():
-            return []
-        return [json.loads(line) for line in self.record.read_text().splitlines() if line]
-
-    def accepted(self) -> list[dict[str, Any]]:
-        return [r for r in self.requests() if r["result"] == "accepted"]
 
 
 @pytest.fixture

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import redis
-from billing_support import Process, wait_for
+from billing_support import Process, StripeStandIn, wait_for
+from pydantic import SecretStr
 from sqlalchemy import func, select
 
 from billing.events import UsageEvent
@@ -17,14 +18,17 @@ from billing.ledger import UsageRow, make_engine, migrate
 from billing.settings import BillingSettings
 
 EVENTS = 3000
+CUSTOMERS = ("cus_W0", "cus_W1")
 
 
 def usage_event(n: int) -> UsageEvent:
-    now = datetime.now(UTC)
+    # Minutes ago, so that its minute is closed and reported to Stripe right away.
+    at = datetime.now(UTC) - timedelta(minutes=3)
     return UsageEvent(
         event_id=f"worker-{n}",
         org_id="org-worker",
         key_id="key-1",
+        customer_id=CUSTOMERS[n % 2],
         plan="pro",
         model="composer-2.5",
         tier="standard",
@@ -34,8 +38,8 @@ def usage_event(n: int) -> UsageEvent:
         list_cost_nano_usd=n * 500 + 2500,
         allowance_consumed_nano_usd=n * 500 + 2500,
         price_version="2026-11-01",
-        started_at=now,
-        ended_at=now,
+        started_at=at,
+        ended_at=at,
         outcome="complete",
     )
 
@@ -43,12 +47,18 @@ def usage_event(n: int) -> UsageEvent:
 def test_worker_killed_mid_batch_then_restarted_writes_each_event_once(
     billing_settings: BillingSettings,
     billing_processes: Callable[..., Process],
+    stripe_server: Callable[..., StripeStandIn],
 ) -> None:
+    stripe = stripe_server(fail_first=3)
     settings = billing_settings.model_copy(
         update={
             "ledger_batch_size": 20,
             "ledger_claim_idle_ms": 1000,
             "ledger_drain_interval_s": 0.2,
+            "stripe_api_base": stripe.base_url,
+            "stripe_api_key": SecretStr("sk_test_worker"),
+            "stripe_sync_interval_s": 0.5,
+            "stripe_retry_base_s": 0.5,
         }
     )
     client = redis.Redis.from_url(settings.redis_url)
@@ -101,3 +111,27 @@ def test_worker_killed_mid_batch_then_restarted_writes_each_event_once(
     assert prompt_total == sum(range(EVENTS))
     assert client.xlen(settings.usage_stream) == 0
     assert client.xlen(settings.usage_dead_letter_stream) == 0
+
+    # Meanwhile the worker reported the usage to Stripe (through injected failures and the
+    # kill): each meter event accepted once, and the values add up to the ledger.
+    expected = {
+        (customer, f"composer_standard_{direction}_tokens"): sum(
+            (n if direction == "input" else 1)
+            for n in range(EVENTS)
+            if CUSTOMERS[n % 2] == customer
+        )
+        for customer in CUSTOMERS
+        for direction in ("input", "output")
+    }
+
+    def reported() -> dict[tuple[str, str], int]:
+        totals: dict[tuple[str, str], int] = {}
+        for record in stripe.accepted():
+            key = (record["customer"], record["event_name"])
+            totals[key] = totals.get(key, 0) + int(record["value"])
+        return totals
+
+    wait_for(lambda: reported() == expected, 120, "Stripe to have all the usage")
+    identifiers = [record["identifier"] for record in stripe.accepted()]
+    assert len(identifiers) == len(set(identifiers))
+    assert any(r["result"] == "failed" for r in stripe.requests())
