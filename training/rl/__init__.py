@@ -19,6 +19,7 @@ from training.rl.losses import (
     token_logprobs,
 )
 from training.rl.step import Policy, RlLossStats, rl_loss
+from training.rl.trainer_hook import grpo_loss_hook, trainer_batch
 
 __all__ = [
     "DEFAULT_FEEDBACK_FILE",
@@ -38,9 +39,11 @@ __all__ = [
     "completion_logits",
     "detect_feedback",
     "group_advantages",
+    "grpo_loss_hook",
     "hint_kl_loss",
     "hinted_prompt",
     "load_feedback_config",
     "rl_loss",
     "token_logprobs",
+    "trainer_batch",
 ]

@@ -60,6 +60,24 @@ def _reduce(per_token: torch.Tensor, mask: torch.Tensor, normalisation: str) -> 
     raise ValueError(f"unknown normalisation {normalisation!r}")
 
 
+def clipped_surrogate(
+    logprobs: torch.Tensor,
+    sampling_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token ``-min(r A, clip(r) A)`` and whether the clip was the minimum.
+
+    ``advantages`` broadcasts against ``logprobs`` (per row [N, 1] or per token [N, L]).
+    """
+    ratio = torch.exp(logprobs - sampling_logprobs)
+    adv = advantages.to(logprobs.dtype)
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
+    return -torch.minimum(unclipped, clipped), clipped < unclipped
+
+
 def clipped_policy_loss(
     logprobs: torch.Tensor,
     sampling_logprobs: torch.Tensor,
@@ -75,24 +93,27 @@ def clipped_policy_loss(
     advantage). ``normalisation='token'`` averages over all model tokens of the batch;
     ``'sequence'`` averages within each turn first, then over turns.
     """
-    ratio = torch.exp(logprobs - sampling_logprobs)
-    adv = advantages.unsqueeze(-1).to(logprobs.dtype)
-    unclipped = ratio * adv
-    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
-    per_token = -torch.minimum(unclipped, clipped)
+    per_token, was_clipped = clipped_surrogate(
+        logprobs, sampling_logprobs, advantages.unsqueeze(-1), clip_low, clip_high
+    )
     loss = _reduce(per_token, mask, normalisation)
     with torch.no_grad():
         maskb = mask.bool()
         count = int(maskb.sum())
-        was_clipped = (clipped < unclipped) & maskb
         log_ratio = (logprobs - sampling_logprobs)[maskb]
         stats = PolicyLossStats(
-            clip_fraction=float(was_clipped.sum()) / max(count, 1),
-            mean_ratio=float(ratio[maskb].mean()) if count else 1.0,
+            clip_fraction=float((was_clipped & maskb).sum()) / max(count, 1),
+            mean_ratio=float(log_ratio.exp().mean()) if count else 1.0,
             approx_kl=float(((log_ratio.exp() - 1) - log_ratio).mean()) if count else 0.0,
             tokens=count,
         )
     return loss, stats
+
+
+def kl_per_token(student_logits: torch.Tensor, teacher_logprobs: torch.Tensor) -> torch.Tensor:
+    """KL(student || teacher) at each position, over the full vocabulary."""
+    student_logp = torch.log_softmax(student_logits.float(), dim=-1)
+    return (student_logp.exp() * (student_logp - teacher_logprobs.detach())).sum(dim=-1)
 
 
 def hint_kl_loss(
@@ -109,9 +130,5 @@ def hint_kl_loss(
     ``normalisation='token'``: mean over flagged tokens; ``'turn'``: per-turn sums,
     averaged over flagged turns.
     """
-    if teacher_logits.requires_grad:
-        teacher_logits = teacher_logits.detach()
-    student_logp = torch.log_softmax(student_logits.float(), dim=-1)
-    teacher_logp = torch.log_softmax(teacher_logits.float(), dim=-1)
-    per_token = (student_logp.exp() * (student_logp - teacher_logp)).sum(dim=-1)
-    return _reduce(per_token, mask, normalisation)
+    teacher_logp = torch.log_softmax(teacher_logits.detach().float(), dim=-1)
+    return _reduce(kl_per_token(student_logits, teacher_logp), mask, normalisation)

@@ -1,0 +1,111 @@
+"""The GRPO + hint-KL hook inside the real trainer core equals the plain reference loss."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+from rl_toy import encode
+
+from training.agent import Trajectory, Turn
+from training.model import DeepseekV3Model
+from training.model_config import ModelConfig
+from training.muon import MuonConfig
+from training.rl import GRPOConfig, TextFeedbackConfig, Trigger, build_batch, detect_feedback
+from training.rl.step import rl_loss
+from training.rl.trainer_hook import grpo_loss_hook, trainer_batch
+from training.trainer import Trainer
+from training.trainer_config import TrainerConfig
+
+SMALL = ModelConfig(
+    vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+    num_hidden_layers=2, first_k_dense_replace=1, num_attention_heads=2, q_lora_rank=16,
+    kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8,
+    n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1,
+    max_position_embeddings=64,
+)  # fmt: skip
+FEEDBACK = TextFeedbackConfig(
+    kl_coef=0.5, hint_template="SYS {hint} END", generation_prompt="ASSIST",
+    triggers=(Trigger(name="unknown_tool", unknown_tool=True, hint="tools"),),
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def world_of_one() -> Iterator[None]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _trajectory(name: str, reward: float, completion: list[int]) -> Trajectory:
+    from training.agent import ToolCall, ToolResult
+
+    bad = Turn(
+        index=0,
+        policy_version=0,
+        prompt_token_ids=encode("USER hello ASSIST"),
+        completion_token_ids=completion,
+        completion_logprobs=[-2.0] * len(completion),
+        tool_calls=[ToolCall(call_id="a", name="search", arguments="{}")],
+        tool_results=[ToolResult(call_id="a", name="search", content="x", ok=False)],
+    )
+    good = Turn(index=1, policy_version=0,
+                prompt_token_ids=encode("USER hello ASSIST search notfound ASSIST"),
+                completion_token_ids=[6, 8], completion_logprobs=[-1.5, -3.0])  # fmt: skip
+    turns = [bad, good]
+    return Trajectory(
+        trajectory_id=name,
+        rollout_id=name,
+        task_id="t",
+        environment="toy",
+        policy_version_start=0,
+        policy_version_end=0,
+        turns=turns,
+        reward=reward,
+        raw_reward=reward,
+        feedback=detect_feedback(turns, ["read_file"], FEEDBACK),
+    )
+
+
+@pytest.mark.parametrize(
+    ("normalisation", "kl_normalisation"), [("token", "token"), ("sequence", "turn")]
+)
+def test_hook_in_trainer_equals_reference(
+    world_of_one: None, normalisation: str, kl_normalisation: str
+) -> None:
+    feedback = TextFeedbackConfig(**{**FEEDBACK.__dict__, "kl_normalisation": kl_normalisation})
+    config = GRPOConfig(normalisation=normalisation, feedback=feedback)  # type: ignore[arg-type]
+    groups = [[_trajectory("a", 1.0, [7, 9, 10]), _trajectory("b", 0.0, [7])]]
+    batch = build_batch(groups, config, encode)
+
+    reference = DeepseekV3Model(SMALL)
+    reference.init_weights(5)
+    expected, _ = rl_loss(lambda ids: reference(ids), batch, config)
+    expected.backward()
+
+    trainer = Trainer(
+        TrainerConfig(model=SMALL, seed=5, batch_size=4, seq_len=16, grad_clip=1e9,
+                      optimizer=MuonConfig(lr=0.01)),
+        loss_fn=grpo_loss_hook(config),
+    )  # fmt: skip
+    inputs = trainer_batch(batch, config, teacher=lambda ids: trainer.model(ids))
+    assert "teacher_logprobs" in inputs
+    loss, tokens = trainer.forward_backward(inputs)
+    assert tokens == int(batch.completion_mask.sum())
+    assert loss == pytest.approx(float(expected.detach()), rel=1e-5, abs=1e-7)
+    for (name, param), (_, ref) in zip(
+        trainer.model.named_parameters(), reference.named_parameters(), strict=True
+    ):
+        if ref.grad is None:
+            continue
+        grad = param.grad
+        full = grad.full_tensor() if hasattr(grad, "full_tensor") else grad
+        torch.testing.assert_close(full, ref.grad, rtol=1e-4, atol=1e-6, msg=name)
