@@ -27,6 +27,7 @@ from pydantic_settings import BaseSettings
 from billing.settings import BillingSettings
 from gateway import GatewaySettings
 from serving import TIERS, VllmServer, load_variants
+from training.settings import TrainingSettings
 
 KUBE_VERSION = "1.30.0"
 #: Kinds from the Prometheus operator's CRDs: no Kubernetes schema exists for them, so
@@ -245,35 +246,40 @@ def test_vllm_runs_exactly_what_serving_would_launch(
 
 
 def test_gateway_and_trainer_reach_each_tier_pool(production_manifests: list[Manifest]) -> None:
-    for component in ("-gateway", "-trainer"):
-        kind = "Job" if component == "-trainer" else "Deployment"
-        env = env_of(containers(find(production_manifests, kind, component))[0])
-        for tier in TIERS:
-            url = env[f"CSTACK_{tier.upper()}_UPSTREAM_URLS"]["value"]
-            service = find(production_manifests, "Service", f"-vllm-{tier}")
-            assert (
-                url == f"http://{service['metadata']['name']}:{service['spec']['ports'][0]['port']}"
-            )
+    pools = {}
+    for tier in TIERS:
+        service = find(production_manifests, "Service", f"-vllm-{tier}")
+        pools[tier] = f"http://{service['metadata']['name']}:{service['spec']['ports'][0]['port']}"
+    gateway_env = env_of(containers(find(production_manifests, "Deployment", "-gateway"))[0])
+    for tier in TIERS:
+        assert gateway_env[f"CSTACK_{tier.upper()}_UPSTREAM_URLS"]["value"] == pools[tier]
+    trainer_env = env_of(containers(find(production_manifests, "Job", "-trainer"))[0])
+    assert sorted(json.loads(trainer_env["CSTACK_RL_ENGINE_URLS"]["value"])) == sorted(
+        pools.values()
+    )
 
 
 @pytest.mark.parametrize(
-    ("workload", "settings"),
+    ("kind", "workload", "settings"),
     [
-        ("-gateway", GatewaySettings),
-        ("-billing-worker", BillingSettings),
-        ("-billing-beat", BillingSettings),
+        ("Deployment", "-gateway", (GatewaySettings, BillingSettings)),
+        ("Deployment", "-billing-worker", (BillingSettings,)),
+        ("Deployment", "-billing-beat", (BillingSettings,)),
+        ("Deployment", "-rollouts", (TrainingSettings,)),
+        ("Job", "-trainer", (TrainingSettings,)),
     ],
 )
-def test_app_env_names_are_settings_fields(
-    manifests: list[Manifest], workload: str, settings: type[BaseSettings]
+def test_env_names_are_settings_fields(
+    production_manifests: list[Manifest],
+    kind: str,
+    workload: str,
+    settings: tuple[type[BaseSettings], ...],
 ) -> None:
-    """A misspelt CSTACK_ variable is silently ignored by pydantic-settings: catch it here."""
-    container = containers(find(manifests, "Deployment", workload))[0]
-    fields = {f"CSTACK_{name.upper()}" for name in settings.model_fields}
+    """A misspelt CSTACK_ variable is silently ignored by pydantic-settings: catch it here.
+    (The gateway process also runs billing's meter, which reads billing's settings.)"""
+    container = containers(find(production_manifests, kind, workload))[0]
+    fields = {f"CSTACK_{name.upper()}" for model in settings for name in model.model_fields}
     names = {name for name in env_of(container) if name.startswith("CSTACK_")}
-    if workload == "-gateway":
-        # The gateway process also runs billing's meter, which reads billing's settings.
-        fields |= {f"CSTACK_{name.upper()}" for name in BillingSettings.model_fields}
     assert names and names <= fields, sorted(names - fields)
 
 
@@ -302,29 +308,30 @@ def test_processes_run_the_cstack_commands(production_manifests: list[Manifest])
 
 
 def test_trainer_is_an_indexed_job_running_torchrun_across_pods(
-    production_manifests: list[Manifest], production_values: dict[str, Any]
+    chart: helm.Chart, production_manifests: list[Manifest], production_values: dict[str, Any]
 ) -> None:
     job = find(production_manifests, "Job", "-trainer")
-    nodes = production_values["trainer"]["nodes"]
+    values = chart.merge_values(production_values)
+    trainer = values["trainer"]
     assert job["spec"]["completionMode"] == "Indexed"
-    assert job["spec"]["completions"] == job["spec"]["parallelism"] == nodes
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == trainer["nodes"]
     service = find(production_manifests, "Service", "-trainer")
     assert service["spec"]["clusterIP"] == "None"
     assert pod_spec(job)["subdomain"] == service["metadata"]["name"]
     container = containers(job)[0]
-    args = container["args"]
-    assert container["command"] == ["torchrun"]
-    assert f"--nnodes={nodes}" in args
-    assert "--node-rank=$(JOB_COMPLETION_INDEX)" in args
-    name = job["metadata"]["name"]
-    assert f"--master-addr={name}-0.{service['metadata']['name']}" in args
-    assert args[args.index("--no-python") + 1 : args.index("--no-python") + 3] == [
-        "cstack",
-        "train",
+    # `cstack train` starts torchrun itself, rendezvousing on pod 0 of the Job.
+    assert container["command"] == ["cstack", "train"]
+    pod_zero = f"{job['metadata']['name']}-0.{service['metadata']['name']}"
+    assert container["args"] == [
+        f"--model={values['model']['path']}",
+        f"--nnodes={trainer['nodes']}",
+        f"--nproc={trainer['gpusPerNode']}",
+        f"--rdzv-endpoint={pod_zero}:{trainer['rendezvousPort']}",
+        *trainer["args"],
     ]
-    gpus = production_values["trainer"]["gpusPerNode"]
-    assert container["resources"]["limits"]["nvidia.com/gpu"] == gpus
-    assert f"--nproc-per-node={gpus}" in args
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == trainer["gpusPerNode"]
+    metrics_port = int(env_of(container)["CSTACK_TRAINER_METRICS_PORT"]["value"])
+    assert {"name": "metrics", "containerPort": metrics_port} in container["ports"]
 
 
 def test_every_container_is_hardened_and_bounded(manifests: list[Manifest]) -> None:
@@ -420,3 +427,29 @@ def test_monitoring_objects_match_deploy_sources(production_manifests: list[Mani
         "rollouts",
         "trainer",
     }
+
+
+def _cli_options(argv: list[str]) -> set[str]:
+    """The option names of the `cstack` (sub)command that ``argv`` names."""
+    import typer
+
+    from deploy.cli import app
+
+    command: Any = typer.main.get_command(app)
+    for word in argv:
+        command = getattr(command, "commands", {}).get(word)
+        assert command is not None, f"`cstack {' '.join(argv)}` does not exist"
+    return {opt for param in command.params for opt in param.opts}
+
+
+def test_chart_runs_cstack_commands_that_exist(production_manifests: list[Manifest]) -> None:
+    for manifest in workloads(production_manifests):
+        for container in containers(manifest):
+            if container["command"][0] != "cstack":
+                continue
+            argv = [*container["command"][1:], *container["args"]]
+            words = [arg for arg in argv if not arg.startswith("-")]
+            subcommand = words[: 2 if words[0] == "worker" else 1]
+            options = _cli_options(subcommand)
+            passed = {arg.split("=")[0] for arg in argv if arg.startswith("--")}
+            assert passed <= options, f"cstack {' '.join(subcommand)}: {passed - options}"

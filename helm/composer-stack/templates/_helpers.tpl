@@ -59,8 +59,8 @@ helm.sh/chart: {{ printf "%s-%s" $root.Chart.Name $root.Chart.Version }}
       key: {{ index $root.Values.secrets.keys (index . 2) }}
 {{- end -}}
 
-{{/* Settings every process of the app image reads: Redis, the ledger, the price book. */}}
-{{- define "composer-stack.appEnv" -}}
+{{/* CSTACK_REDIS_URL: the in-chart Valkey, or the URL in an existing Secret. */}}
+{{- define "composer-stack.redisEnv" -}}
 {{- if .Values.redis.enabled }}
 - name: CSTACK_REDIS_URL
   value: {{ printf "redis://%s:%d/0" (include "composer-stack.componentName" (list . "redis")) (int .Values.redis.port) | quote }}
@@ -71,6 +71,11 @@ helm.sh/chart: {{ printf "%s-%s" $root.Chart.Name $root.Chart.Version }}
       name: {{ required "redis.external.existingSecret is required when redis.enabled is false" .Values.redis.external.existingSecret }}
       key: {{ .Values.redis.external.key }}
 {{- end }}
+{{- end -}}
+
+{{/* What billing reads (in the gateway's meter, the worker and beat): Redis, the ledger, the price book. */}}
+{{- define "composer-stack.billingEnv" -}}
+{{ include "composer-stack.redisEnv" . }}
 {{- if .Values.postgresql.enabled }}
 {{ include "composer-stack.secretEnv" (list . "LEDGER_DB_PASSWORD" "postgresPassword") }}
 - name: CSTACK_LEDGER_URL
