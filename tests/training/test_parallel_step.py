@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from spawn import run_ranks
+
 from training.data import RandomTokens
 from training.losses import cross_entropy_loss
 from training.mesh import ParallelConfig

@@ -1,0 +1,118 @@
+"""Newton-Schulz spectra, and per-head / per-expert Muon equal to a loop over matrices."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import training.muon as muon_module
+from training.matrix_layout import Split
+from training.model import DeepseekV3Model
+from training.model_config import ModelConfig
+from training.muon import MuonConfig, build_optimizer, matrix_layouts, update_scale
+from training.newton_schulz import NewtonSchulzConfig, orthogonalize
+
+SMALL = ModelConfig(
+    vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+    num_hidden_layers=2, first_k_dense_replace=1, num_attention_heads=4, q_lora_rank=16,
+    kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8,
+    n_routed_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
+)  # fmt: skip
+
+
+def _spectrum_batch(shape: tuple[int, int], condition: float) -> torch.Tensor:
+    """Matrices with singular values spread log-uniformly over [1/condition, 1] x 3."""
+    gen = torch.Generator().manual_seed(0)
+    m, n = shape
+    k = min(m, n)
+    u = torch.linalg.qr(torch.randn(8, m, k, generator=gen))[0]
+    v = torch.linalg.qr(torch.randn(8, n, k, generator=gen))[0]
+    s = torch.logspace(0, -torch.log10(torch.tensor(condition)).item(), k).expand(8, k)
+    return 3.0 * u @ torch.diag_embed(s) @ v.mT
+
+
+@pytest.mark.parametrize("shape", [(32, 32), (16, 64), (64, 16)])
+@pytest.mark.parametrize(
+    ("schedule", "low", "high"), [("quintic", 0.68, 1.21), ("polar_express", 0.85, 1.13)]
+)
+def test_newton_schulz_singular_values_in_band(
+    shape: tuple[int, int], schedule: str, low: float, high: float
+) -> None:
+    """Inputs with condition number 100 (after normalisation) land in the schedule's band."""
+    out = orthogonalize(_spectrum_batch(shape, 100.0), NewtonSchulzConfig(schedule))
+    sv = torch.linalg.svdvals(out)
+    assert sv.min() >= low and sv.max() <= high, (sv.min().item(), sv.max().item())
+
+
+def test_polar_express_is_closer_to_orthogonal_than_quintic() -> None:
+    x = _spectrum_batch((32, 64), 1000.0)
+    error = {
+        s: (torch.linalg.svdvals(orthogonalize(x, NewtonSchulzConfig(s))) - 1).abs().mean()
+        for s in ("quintic", "polar_express")
+    }
+    assert error["polar_express"] < error["quintic"]
+
+
+def test_layouts_follow_heads_and_experts() -> None:
+    model = DeepseekV3Model(SMALL)
+    layouts, adamw = matrix_layouts(model)
+    by_name = {n: layouts.get(p) for n, p in model.named_parameters()}
+    attn = "model.layers.0.self_attn."
+    assert by_name[attn + "q_b_proj.weight"].split is Split.ROW_BLOCKS  # type: ignore[union-attr]
+    assert by_name[attn + "kv_b_proj.weight"].blocks == 4  # type: ignore[union-attr]
+    assert by_name[attn + "o_proj.weight"].split is Split.COL_BLOCKS  # type: ignore[union-attr]
+    assert by_name[attn + "q_a_proj.weight"].split is Split.WHOLE  # type: ignore[union-attr]
+    assert by_name["model.layers.1.mlp.experts.gate_proj"].split is Split.STACKED  # type: ignore[union-attr]
+    adamw_names = {n for n, p in model.named_parameters() if any(p is q for q in adamw)}
+    assert {"model.embed_tokens.weight", "lm_head.weight", "model.layers.1.mlp.gate.weight",
+            "model.norm.weight", attn + "kv_a_layernorm.weight"} <= adamw_names  # fmt: skip
+    assert not adamw_names & {n for n, p in model.named_parameters() if p in layouts}
+
+
+def _matrix_slices(name: str, weight: torch.Tensor, heads: int) -> list[tuple[slice, ...]]:
+    if name.endswith(("q_b_proj.weight", "kv_b_proj.weight")):
+        rows = weight.shape[0] // heads
+        return [(slice(h * rows, (h + 1) * rows), slice(None)) for h in range(heads)]
+    if name.endswith("o_proj.weight"):
+        cols = weight.shape[1] // heads
+        return [(slice(None), slice(h * cols, (h + 1) * cols)) for h in range(heads)]
+    if weight.dim() == 3:
+        return [(e,) for e in range(weight.shape[0])]  # type: ignore[misc]
+    return [(slice(None), slice(None))]
+
+
+@pytest.mark.parametrize("scale_rule", ["spectral", "match_adamw"])
+def test_muon_equals_loop_over_individual_matrices(
+    scale_rule: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = MuonConfig(lr=0.1, momentum=0.9, weight_decay=0.01, scale_rule=scale_rule)  # type: ignore[arg-type]
+    model = DeepseekV3Model(SMALL)
+    model.init_weights(0)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    gen = torch.Generator().manual_seed(1)
+    grads = {n: torch.randn(p.shape, generator=gen) for n, p in model.named_parameters()}
+    for n, p in model.named_parameters():
+        p.grad = grads[n].clone()
+    layouts, _ = matrix_layouts(model)
+
+    calls: list[tuple[int, ...]] = []
+    real = muon_module.orthogonalize
+    monkeypatch.setattr(
+        muon_module, "orthogonalize", lambda x, c: calls.append(tuple(x.shape)) or real(x, c)
+    )
+    build_optimizer(model, config).step()
+
+    shapes = {layouts[p].matrix_shape(tuple(p.shape)) for p in layouts}
+    assert len(calls) == len(shapes), "one batched Newton-Schulz call per matrix shape"
+    for name, param in model.named_parameters():
+        if param not in layouts:
+            continue
+        # First step from zero momentum: the Nesterov update is g*(1-m) + m*(1-m)*g.
+        update = grads[name] * (1 - config.momentum) * (1 + config.momentum)
+        expected = before[name] * (1 - config.lr * config.weight_decay)
+        for index in _matrix_slices(name, before[name], SMALL.num_attention_heads):
+            block = update[index]
+            ortho = real(block.unsqueeze(0), config.newton_schulz)[0]
+            scale = update_scale(block.shape[0], block.shape[1], config.scale_rule)
+            expected[index] -= config.lr * scale * ortho
+        torch.testing.assert_close(param.detach(), expected, rtol=0, atol=1e-6, msg=name)
