@@ -6,13 +6,19 @@ developer never keeps using half a platform without noticing.
 
 from __future__ import annotations
 
+import secrets
+import sys
 import threading
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from deploy.settings import DeploySettings
 from serving import ManagedProcess, ServingSettings, build_tiny_checkpoint
 from serving.engine import engine_for_variant
+
+DEV_ORG = "local"
 
 
 class LocalStack:
@@ -21,29 +27,77 @@ class LocalStack:
         self.say = say
         self.valkey: Any = None
         self.redis_url = settings.redis_url
+        self.vllm_url = ""
         self.processes: list[ManagedProcess] = []
         self.stopping = threading.Event()
+        # A fresh admin token per run: it lives only in this process and the gateway's env.
+        self.admin_token = secrets.token_urlsafe(32)
 
     @property
-    def logs(self) -> Path:
-        return self.settings.state_dir / "logs"
+    def state(self) -> Path:
+        return self.settings.state_dir
+
+    @property
+    def gateway_url(self) -> str:
+        return f"http://{self.settings.host}:{self.settings.gateway_port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.gateway_url}/v1"
+
+    @property
+    def dev_key_path(self) -> Path:
+        return self.state / "dev-api-key"
 
     def model_dir(self) -> Path:
         if self.settings.model_dir is not None:
             return self.settings.model_dir
-        tiny = self.settings.state_dir / "models" / "tiny"
+        tiny = self.state / "models" / "tiny"
         if not (tiny / "config.json").exists():
             self.say(f"building the tiny checkpoint in {tiny}")
             build_tiny_checkpoint(tiny, seed=0)
         return tiny
 
+    def child_env(self) -> dict[str, str]:
+        """What every service started here shares: one Redis, state under state_dir."""
+        assert self.redis_url is not None
+        return {
+            "CSTACK_REDIS_URL": self.redis_url,
+            "CSTACK_UPSTREAM_URL": self.vllm_url,
+            "CSTACK_LEDGER_URL": f"sqlite:///{(self.state / 'ledger.db').resolve()}",
+            "CSTACK_USAGE_SPOOL_DIR": str(self.state / "usage-spool"),
+            "CSTACK_BEAT_SCHEDULE_FILE": str(self.state / "celerybeat-schedule"),
+        }
+
     def start(self) -> None:
-        if self.redis_url is None:
-            self.valkey = start_valkey(self.settings.state_dir / "valkey")
-            self.redis_url = str(self.valkey.connection_url)
-            self.say(f"embedded valkey: {self.redis_url}")
-        else:
+        self.state.mkdir(parents=True, exist_ok=True)
+        self._start_redis()
+        self._start_vllm()
+        env = self.child_env()
+        self._start(
+            self._cstack("gateway", ["gateway", "--host", self.settings.host, "--port",
+                                     str(self.settings.gateway_port)],
+                         env={**env, "CSTACK_ADMIN_TOKEN": self.admin_token},
+                         health_url=f"{self.gateway_url}/readyz"),
+            timeout_s=120,
+        )  # fmt: skip
+        self._start(self._cstack("billing worker", ["worker", "billing"], env=env), 120)
+        self._start(self._cstack("billing beat", ["beat"], env=env), 120)
+        self.dev_key_path.write_text(self._provision_dev_key() + "\n")
+        self.dev_key_path.chmod(0o600)
+        self.say(f"API key for org {DEV_ORG!r} written to {self.dev_key_path}")
+
+    def _start_redis(self) -> None:
+        if self.redis_url is not None:
             self.say("redis: external (CSTACK_REDIS_URL)")
+            return
+        from deploy.valkey import start_embedded_valkey
+
+        self.valkey = start_embedded_valkey(self.state / "valkey")
+        self.redis_url = str(self.valkey.connection_url)
+        self.say(f"embedded valkey: {self.redis_url}")
+
+    def _start_vllm(self) -> None:
         if self.settings.vllm_url:
             self.vllm_url = self.settings.vllm_url.rstrip("/")
             self.say(f"vLLM: external {self.vllm_url} (CSTACK_VLLM_URL)")
@@ -53,21 +107,38 @@ class LocalStack:
             self.model_dir(),
             self.settings.vllm_port,
             settings=ServingSettings(),
-            log_path=self.logs / "vllm.log",
+            log_path=self.state / "logs" / "vllm.log",
             host=self.settings.host,
         )
         self._start(engine, self.settings.vllm_start_timeout_s)
         self.vllm_url = engine.base_url
 
-    @property
-    def base_url(self) -> str:
-        return f"{self.vllm_url}/v1"
+    def _cstack(
+        self, name: str, args: list[str], env: dict[str, str], health_url: str | None = None
+    ) -> ManagedProcess:
+        log = self.state / "logs" / f"{name.replace(' ', '-')}.log"
+        command = [sys.executable, "-m", "deploy.cli", *args]
+        return ManagedProcess(name, command, log, health_url=health_url, env=env)
 
     def _start(self, process: ManagedProcess, timeout_s: float) -> None:
         self.say(f"starting {process.name} (log: {process.log_path})")
         self.processes.append(process)
         process.start()
         process.wait_healthy(timeout_s)
+
+    def _provision_dev_key(self) -> str:
+        """Create the local org (once) and a fresh API key for it through the admin API."""
+        headers = {"authorization": f"Bearer {self.admin_token}"}
+        with httpx.Client(base_url=self.gateway_url, headers=headers, timeout=10) as admin:
+            org = admin.post("/admin/orgs", json={"org_id": DEV_ORG, "name": "local dev"})
+            if org.status_code not in (201, 409):  # 409: kept from an earlier run
+                org.raise_for_status()
+            key = admin.post(f"/admin/orgs/{DEV_ORG}/keys", json={"name": "cstack up"})
+            key.raise_for_status()
+            return str(key.json()["key"])
+
+    def dev_key(self) -> str:
+        return self.dev_key_path.read_text().strip()
 
     def wait(self) -> ManagedProcess | None:
         """Block until asked to stop or a component dies; return the one that died."""
@@ -85,9 +156,3 @@ class LocalStack:
         if self.valkey is not None:
             self.valkey.stop()
             self.valkey = None
-
-
-def start_valkey(data_dir: Path) -> Any:
-    from deploy.valkey import start_embedded_valkey
-
-    return start_embedded_valkey(data_dir)

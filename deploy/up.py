@@ -35,9 +35,17 @@ def up(
     signal.signal(signal.SIGINT, _request_stop)
     try:
         stack.start()
+        for tier in ("fast", "standard"):
+            served, text = tier_completion(stack.base_url, stack.dev_key(), tier)
+            typer.echo(f"{tier} tier ok (served by {served}): {text!r}")
         typer.echo(f"ready: {stack.base_url}", color=False)
         if demo:
-            typer.echo(f"demo completion: {demo_completion(stack.base_url)!r}")
+            _, text = tier_completion(stack.base_url, stack.dev_key(), "fast")
+            typer.echo(f"demo completion: {text!r}")
+            typer.echo(
+                f"try: OPENAI_BASE_URL={stack.base_url} OPENAI_API_KEY=$(cat "
+                f"{stack.dev_key_path}) and any OpenAI SDK"
+            )
         died = stack.wait()
         if died is not None:
             typer.echo(f"error: {died.name} exited: {died.failure_cause()}", err=True)
@@ -51,13 +59,14 @@ def up(
         typer.echo("stopped")
 
 
-def demo_completion(base_url: str, api_key: str = "unused") -> str:
+def tier_completion(base_url: str, api_key: str, tier: str) -> tuple[str, str]:
+    """One chat completion through the gateway with the openai SDK: (served tier, text)."""
     from openai import OpenAI
 
-    client = OpenAI(base_url=base_url, api_key=api_key)
+    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
     reply = client.chat.completions.create(
-        model="composer-2.5",
+        model=f"composer-2.5-{tier}",
         messages=[{"role": "user", "content": "Say hello."}],
         max_tokens=16,
     )
-    return reply.choices[0].message.content or ""
+    return str(reply.service_tier), reply.choices[0].message.content or ""

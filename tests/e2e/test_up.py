@@ -1,4 +1,5 @@
-"""`cstack up`: embedded Valkey up and serving, `ready:` line, everything gone after."""
+"""`cstack up`: embedded Valkey, gateway and billing up, one completion per tier through the
+gateway before `ready:`, and everything gone after SIGTERM."""
 
 from __future__ import annotations
 
@@ -56,6 +57,10 @@ def test_up_serves_and_stops_everything(vllm_url: str, tmp_path: Path) -> None:
         )
         ready = [line for line in lines if line.startswith("ready: ")]
         assert len(ready) == 1 and ready[0].startswith("ready: http://")
+        # One completion per tier went through the gateway before `ready:`.
+        tier_lines = lines[: lines.index(ready[0])]
+        assert any(line.startswith("fast tier ok (served by fast)") for line in tier_lines)
+        assert any(line.startswith("standard tier ok (served by standard)") for line in tier_lines)
         client = redis.Redis.from_url(valkey_url)
         assert client.ping()
         client.set("cstack:test:up", "1")
