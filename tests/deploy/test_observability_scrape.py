@@ -4,13 +4,14 @@ expression of the dashboards and alert rules then evaluates and returns data.
 The stack: the session's vLLM (both tiers share it, as in the embedded default), a gateway
 with the real billing meter, `cstack worker billing` and `cstack beat` draining the usage
 stream into a SQLite ledger and reporting it to a local stand-in for Stripe's meter-event
-endpoint, and Debian's `prometheus` scraping all three every second with the alert rules
-loaded. Traffic goes through the `openai` SDK, including requests the meter refuses.
+endpoint, `cstack train` stepping on the tiny checkpoint, and Debian's `prometheus`
+scraping all four every second with the alert rules loaded. Traffic goes through the
+`openai` SDK, including requests the meter refuses.
 
 Exempt from "returns data" (they must still evaluate without error), because no process
 here exports them:
-- cstack_trainer_*, cstack_rollout_*, cstack_policy_staleness: the trainer and the rollout
-  workers do not export metrics yet (training/ has no exporter to run);
+- cstack_rollout_*, cstack_policy_staleness: the rollout workers do not export metrics yet
+  (training/rollouts has no exporter to run);
 - vllm:spec_decode_*: only an engine with speculative decoding exports them (the fast
   tier's MTP in production), which the tiny checkpoint on the CPU build cannot run.
 The prefix-cache hit ratio returns series but may be NaN: the cpu profile of
@@ -58,7 +59,6 @@ pytestmark = pytest.mark.vllm
 #: cpu profile of serving/variants.yaml, so the hit ratio is 0/0 here.
 NAN_ALLOWED = ("vllm:prefix_cache_",)
 EXEMPT_METRICS = (
-    "cstack_trainer_",
     "cstack_rollout",
     "cstack_policy_staleness",
     "vllm:spec_decode_",
@@ -150,7 +150,7 @@ def _send_traffic(gateway_url: str, redis_url: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def observed(
-    vllm_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+    vllm_url: str, redis_url: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ObservedStack]:
     prometheus_binary = shutil.which("prometheus")
     if prometheus_binary is None:
@@ -159,26 +159,40 @@ def observed(
     redis = _isolated_redis(redis_url)
     stripe = StripeStandIn()
     worker_port = free_port()
+    trainer_port = free_port()
     env = _billing_env(tmp, redis, stripe.url, worker_port)
     cstack = [sys.executable, "-m", "deploy.cli"]
-    processes = [
-        ManagedProcess(
-            "billing worker",
-            [*cstack, "worker", "billing", "--concurrency", "1", "--loglevel", "WARNING"],
-            tmp / "worker.log",
-            f"http://127.0.0.1:{worker_port}/metrics",
-            env,
-        ),
-        ManagedProcess(
-            "beat", [*cstack, "beat", "--loglevel", "WARNING"], tmp / "beat.log", None, env
-        ),
-    ]
+    worker = ManagedProcess(
+        "billing worker",
+        [*cstack, "worker", "billing", "--concurrency", "1", "--loglevel", "WARNING"],
+        tmp / "worker.log",
+        f"http://127.0.0.1:{worker_port}/metrics",
+        env,
+    )
+    beat = ManagedProcess(
+        "beat", [*cstack, "beat", "--loglevel", "WARNING"], tmp / "beat.log", None, env
+    )
+    # The real trainer on the tiny checkpoint, stepping until stopped; niced, so that vLLM
+    # keeps the CPU it needs for the traffic.
+    trainer = ManagedProcess(
+        "trainer",
+        [
+            *("nice", "-n", "19", *cstack, "train", "--model", str(tiny_model)),
+            *("--steps", "1000000", "--batch-size", "1", "--seq-len", "16"),
+            *("--metrics-port", str(trainer_port)),
+        ],
+        tmp / "trainer.log",
+        f"http://127.0.0.1:{trainer_port}/metrics",
+        {"OMP_NUM_THREADS": "1"},
+    )
+    processes = [worker, beat, trainer]
     gateway: ThreadedGateway | None = None
     api: PrometheusApi | None = None
     try:
         for process in processes:
             process.start()
-        processes[0].wait_healthy(timeout_s=60)
+        worker.wait_healthy(timeout_s=60)
+        trainer.wait_healthy(timeout_s=120)
 
         billing = BillingSettings.model_validate(
             {k.removeprefix("CSTACK_").lower(): v for k, v in env.items()}
@@ -202,6 +216,7 @@ def observed(
                 "gateway": (urlparse(gateway.url).netloc, {"component": "gateway"}),
                 "vllm": (f"{vllm.hostname}:{vllm.port}", {"component": "vllm", "tier": "shared"}),
                 "billing-worker": (f"127.0.0.1:{worker_port}", {"component": "billing-worker"}),
+                "trainer": (f"127.0.0.1:{trainer_port}", {"component": "trainer"}),
             },
             [ALERTS],
         )
@@ -223,7 +238,7 @@ def observed(
         server.start()
         server.wait_healthy(timeout_s=60)
         api = PrometheusApi(prometheus_url)
-        wait_until(lambda: len(api.query("up == 1")) == 3, 30, "every target to be scraped")
+        wait_until(lambda: len(api.query("up == 1")) == 4, 30, "every target to be scraped")
 
         # Labelled series start to exist at their first observation, and rate() counts
         # only increases Prometheus saw happen: so a first round creates the series, and
@@ -260,6 +275,7 @@ def test_every_target_is_scraped(observed: ObservedStack) -> None:
         "gateway": "up",
         "vllm": "up",
         "billing-worker": "up",
+        "trainer": "up",
     }
 
 
