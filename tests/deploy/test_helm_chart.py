@@ -453,3 +453,13 @@ def test_chart_runs_cstack_commands_that_exist(production_manifests: list[Manife
             options = _cli_options(subcommand)
             passed = {arg.split("=")[0] for arg in argv if arg.startswith("--")}
             assert passed <= options, f"cstack {' '.join(subcommand)}: {passed - options}"
+
+
+def test_vllm_dev_endpoints_only_with_the_trainer(
+    default_manifests: list[Manifest], production_manifests: list[Manifest]
+) -> None:
+    """Weight sync needs vLLM's dev endpoints; without a trainer they stay off."""
+    for manifests, expected in ((default_manifests, None), (production_manifests, "1")):
+        for tier in TIERS:
+            env = env_of(containers(find(manifests, "Deployment", f"-vllm-{tier}"))[0])
+            assert env.get("VLLM_SERVER_DEV_MODE", {}).get("value") == expected
