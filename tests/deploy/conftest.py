@@ -57,3 +57,13 @@ def promtool() -> str:
     if path is None:
         pytest.fail("promtool not found: apt-get install prometheus")
     return path
+
+
+@pytest.fixture(params=["default", "production"])
+def manifests(
+    request: pytest.FixtureRequest,
+    default_manifests: list[Manifest],
+    production_manifests: list[Manifest],
+) -> list[Manifest]:
+    """Each test taking this runs on both renders."""
+    return default_manifests if request.param == "default" else production_manifests
