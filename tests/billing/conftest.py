@@ -27,6 +27,8 @@ from billing.settings import BillingSettings
 TEST_PLANS = {
     # A tiny budget, with limits loose enough that only money refuses requests.
     "tiny": {"included_usd": "0.05", "overage": "refused", "rpm": 100000, "tpm": 100000000},
+    # A dozen small chat requests' worth.
+    "pico": {"included_usd": "0.003", "overage": "refused", "rpm": 100000, "tpm": 100000000},
     "limited": {"included_usd": "100.00", "overage": "refused", "rpm": 2, "tpm": 1000},
     "metered": {
         "included_usd": "1.00",

@@ -1,0 +1,137 @@
+"""Two real gateway processes with the real Meter share one Redis in front of the session's
+vLLM: 200 concurrent requests against a tiny budget end within one request's worst case
+of it, refusals are 429 insufficient_quota, and GET /v1/usage reports what was billed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+from billing_support import free_port, port_open, settings_env, wait_for
+from redis.asyncio import Redis
+
+from billing.consumer import UsageStreamConsumer
+from billing.ledger import make_engine, migrate
+from billing.pricing import load_pricebook
+from billing.redis_meter import budget_prefix
+from billing.settings import BillingSettings
+from gateway import KeyStore
+
+pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="session")]
+MAX_TOKENS = 8
+
+
+def ready(port: int) -> bool:
+    """Listening, and its upstream health checks have passed (/readyz)."""
+    if not port_open(port):
+        return False
+    return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 200
+
+
+@pytest.fixture
+def gateways(
+    billing_settings: BillingSettings, vllm_url: str, tmp_path: Path
+) -> Iterator[list[str]]:
+    values = billing_settings.model_dump()
+    urls: list[str] = []
+    ports: list[int] = []
+    processes: list[subprocess.Popen[bytes]] = []
+    for index in range(2):
+        port = free_port()
+        env = settings_env({**values, "port": port, "upstream_url": vllm_url})
+        log = (tmp_path / f"gateway-{index}.log").open("wb")
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, str(Path(__file__).with_name("metered_gateway.py"))],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
+        urls.append(f"http://127.0.0.1:{port}")
+        ports.append(port)
+    for port in ports:  # both start at once; wait for each
+        wait_for(lambda p=port: ready(p), 120, f"the gateway on port {port} to be ready")  # type: ignore[misc]
+    yield urls
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+            raise AssertionError("a gateway did not shut down within 30 s of SIGTERM") from None
+
+
+async def test_two_gateways_200_concurrent_requests_stay_within_budget(
+    gateways: list[str], billing_settings: BillingSettings
+) -> None:
+    store_redis = Redis.from_url(billing_settings.redis_url)
+    store = KeyStore(store_redis, "pico")
+    await store.create_org("org-gw-race", plan="pico")
+    token, key = await store.create_key("org-gw-race", plan="pico")
+    await store_redis.aclose()
+
+    async def one(client: httpx.AsyncClient, n: int) -> httpx.Response:
+        return await client.post(
+            f"{gateways[n % 2]}/v1/chat/completions",
+            headers={"authorization": f"Bearer {token}"},
+            json={
+                "model": "composer-2.5",
+                "messages": [{"role": "user", "content": f"count to {n}"}],
+                "max_tokens": MAX_TOKENS,
+            },
+        )
+
+    limits = httpx.Limits(max_connections=400)
+    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+        responses = await asyncio.gather(*(one(client, n) for n in range(200)))
+    ok = [r for r in responses if r.status_code == 200]
+    refused = [r for r in responses if r.status_code == 429]
+    others = [(r.status_code, r.text) for r in responses if r.status_code not in (200, 429)]
+    assert not others
+    assert ok and refused
+    assert {r.json()["error"]["code"] for r in refused} == {"insufficient_quota"}
+    assert all("x-ratelimit-remaining-requests" in r.headers for r in ok)
+    assert all("retry-after" not in r.headers for r in refused)
+
+    sync = redis.Redis.from_url(billing_settings.redis_url)
+    events = [
+        json.loads(fields[b"event"]) for _, fields in sync.xrange(billing_settings.usage_stream)
+    ]
+    assert len(events) == len(ok)
+    assert {e["event_id"] for e in events} == {r.headers["x-request-id"] for r in ok}
+    period = events[0]["started_at"][:7]
+    budget = {
+        k.decode(): int(v) for k, v in sync.hgetall(budget_prefix("org-gw-race") + period).items()
+    }
+    book = load_pricebook(billing_settings.pricebook_path)
+    cap = book.plan("pico").period_cap_nano
+    prices = book.versions[-1].tiers["fast"]
+    worst_one = max(e["prompt_tokens"] for e in events) * prices.input + MAX_TOKENS * prices.output
+    used = sum(e["allowance_consumed_nano_usd"] for e in events)
+    assert budget == {"reserved": 0, "used": used}
+    assert used <= cap + worst_one
+
+    # The ledger worker's job, done inline: then GET /v1/usage shows the same money.
+    engine = make_engine(billing_settings.ledger_url)
+    migrate(engine)
+    UsageStreamConsumer(sync, engine, billing_settings).drain(max_seconds=30)
+    async with httpx.AsyncClient(timeout=60) as client:
+        usage = await client.get(
+            f"{gateways[1]}/v1/usage", headers={"authorization": f"Bearer {token}"}
+        )
+    assert usage.status_code == 200, usage.text
+    totals = usage.json()["totals"]
+    assert totals["requests"] == len(ok)
+    assert totals["allowance_used_nano_usd"] == used
+    assert totals["completion_tokens"] == sum(e["completion_tokens"] for e in events)
+    assert key.key_id
