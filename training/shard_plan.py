@@ -131,12 +131,27 @@ def _plan(params: list[Tensor], layouts: list[MatrixLayout], indices: list[int])
 
 
 def _assign_owners(holder: Tensor, world: int) -> Tensor:
-    """A matrix held by one rank stays there; the rest go to the least-loaded rank."""
-    single = holder.min(dim=1).values == holder.max(dim=1).values
-    owner = torch.where(single, holder[:, 0], -1)
-    load = torch.bincount(owner[single], minlength=world).tolist()
-    for j in torch.nonzero(~single).flatten().tolist():
-        target = min(range(world), key=lambda q: (load[q], q))
-        owner[j] = target
-        load[target] += 1
-    return owner
+    """Balance Newton-Schulz work, then minimise bytes.
+
+    Each rank owns at most ``ceil(N / world)`` matrices of the group (FLOPs balanced). A
+    matrix goes to the rank holding most of its elements while that rank has room
+    (matrices held whole first: they then move no bytes at all); the rest go to the
+    least-loaded rank. The order is deterministic, so every rank computes the same owners.
+    """
+    count = holder.shape[0]
+    target = -(-count // world)
+    held = torch.stack([(holder == q).sum(dim=1) for q in range(world)], dim=1)  # [N, W]
+    most, best = held.max(dim=1)
+    owner = [-1] * count
+    load = [0] * world
+    for j in torch.argsort(most, descending=True, stable=True).tolist():
+        rank = int(best[j])
+        if load[rank] < target:
+            owner[j] = rank
+            load[rank] += 1
+    for j in range(count):
+        if owner[j] < 0:
+            rank = min(range(world), key=lambda q: (load[q], q))
+            owner[j] = rank
+            load[rank] += 1
+    return torch.tensor(owner, dtype=torch.long)

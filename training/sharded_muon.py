@@ -18,7 +18,7 @@ guarantees.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -48,7 +48,6 @@ class _Task:
     received: Tensor | None = None
     returned: Tensor | None = None
     work: Any = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class ShardedOrthogonalizer:

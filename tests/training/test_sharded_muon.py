@@ -7,7 +7,7 @@ import torch
 from spawn import run_ranks
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import Shard, distribute_tensor
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 from training.matrix_layout import WHOLE, MatrixLayout, Split
 from training.muon import Muon, MuonConfig
@@ -43,31 +43,37 @@ def _reference(config: MuonConfig) -> list[torch.Tensor]:
     return [p.detach() for p in params]
 
 
-def _sharded_worker(rank: int, world: int, config: MuonConfig) -> None:
-    mesh = init_device_mesh("cpu", (world,))
+def _check(rank: int, shard_ranks: int, world: int, config: MuonConfig) -> None:
+    """Shard over groups of ``shard_ranks`` (the mesh's inner dim), replicate over the rest,
+    as HSDP lays out dense weights."""
+    mesh = init_device_mesh("cpu", (world // shard_ranks, shard_ranks))
+    placements = [Replicate(), Shard(0)]
     weights, grads = _tensors(0)
-    params = [nn.Parameter(distribute_tensor(w.clone(), mesh, [Shard(0)])) for w in weights]
+    params = [nn.Parameter(distribute_tensor(w.clone(), mesh, placements)) for w in weights]
     layouts = {p: layout for p, (_, layout) in zip(params, SHAPES, strict=True)}
     opt = Muon([{"params": params, "use_muon": True}], layouts, config)
     for step_grads in grads:
         for p, g in zip(params, step_grads, strict=True):
-            p.grad = distribute_tensor(g.clone(), mesh, [Shard(0)])
+            p.grad = distribute_tensor(g.clone(), mesh, placements)
         opt.step()
     expected = _reference(config)
     for p, ref, w in zip(params, expected, weights, strict=True):
         full = p.detach().full_tensor()
         tolerance = 1e-6 * (ref - w).norm().item()
         diff = (full - ref).abs().max().item()
-        assert diff <= tolerance, f"rank {rank} shape {tuple(ref.shape)}: {diff} > {tolerance}"
+        assert diff <= tolerance, (
+            f"{shard_ranks} ranks, rank {rank}, shape {tuple(ref.shape)}: {diff} > {tolerance}"
+        )
+
+
+def _worker(rank: int, world: int) -> None:
+    overlapped = MuonConfig(lr=1.0, weight_decay=0.1, max_in_flight=2)
+    for shard_ranks in (2, 4, 8):
+        _check(rank, shard_ranks, world, overlapped)
+    _check(rank, 4, world, MuonConfig(lr=1.0, weight_decay=0.1, max_in_flight=0))
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("world", [2, 4, 8])
-def test_sharded_muon_equals_full_matrix_muon(world: int) -> None:
-    config = MuonConfig(lr=1.0, weight_decay=0.1, max_in_flight=2)
-    run_ranks(_sharded_worker, world, config)
-
-
-@pytest.mark.distributed
-def test_sharded_muon_without_overlap_is_identical() -> None:
-    run_ranks(_sharded_worker, 4, MuonConfig(lr=1.0, max_in_flight=0))
+def test_sharded_muon_equals_full_matrix_muon_on_2_4_8_ranks() -> None:
+    """One 8-process run: shard groups of 2, 4 and 8, with and without overlap."""
+    run_ranks(_worker, 8)
