@@ -21,10 +21,13 @@ class SyncTimeout(RuntimeError):
     """Turns did not drain (or the flag did not drop) within the allowed time."""
 
 
+def gate_prefix(trajectory_stream: str) -> str:
+    """Workers and trainer of one run share a stream, so they derive the gate from it."""
+    return f"{trajectory_stream}:policy"
+
+
 class PolicyVersionGate:
-    def __init__(
-        self, client: redis.Redis, prefix: str = "cstack:rl:policy", lease_ttl_s: float = 600.0
-    ) -> None:
+    def __init__(self, client: redis.Redis, prefix: str, lease_ttl_s: float = 600.0) -> None:
         self._redis = client
         self._version = f"{prefix}:version"
         self._flag = f"{prefix}:syncing"

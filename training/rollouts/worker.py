@@ -15,11 +15,14 @@ import httpx
 import openai
 import redis
 from celery import Celery
+from celery.signals import worker_process_init
+from prometheus_client import start_http_server
 
 from training.agent import EpisodeConfig, PolicyClient, SamplingConfig
 from training.rl import load_feedback_config
 from training.rollouts.environments import CodingEnvironment, DigitsEnvironment, Environment
-from training.rollouts.gate import PolicyVersionGate, SyncTimeout
+from training.rollouts.gate import PolicyVersionGate, SyncTimeout, gate_prefix
+from training.rollouts.metrics import REWARD, ROLLOUTS
 from training.rollouts.publish import TrajectoryPublisher
 from training.rollouts.request import RolloutRequest
 from training.settings import TrainingSettings
@@ -51,6 +54,16 @@ def make_celery(settings: TrainingSettings) -> Celery:
 
 settings = TrainingSettings()
 celery_app = make_celery(settings)
+
+
+@worker_process_init.connect
+def _serve_metrics(**_: object) -> None:
+    """Each worker process serves /metrics on its own port (base + process index)."""
+    if settings.rl_metrics_port is not None:
+        from celery import current_process
+
+        index = getattr(current_process(), "index", 0) or 0
+        start_http_server(settings.rl_metrics_port + index)
 
 
 @cache
@@ -89,9 +102,12 @@ def run_rollout_request(request: RolloutRequest) -> str:
     environment = _environments().get(request.environment)
     if environment is None:
         raise ValueError(f"unknown environment {request.environment!r}")
-    gate = PolicyVersionGate(_redis())
+    gate = PolicyVersionGate(_redis(), gate_prefix(settings.rl_trajectory_stream))
     trajectory = environment.run(request, _policy(), gate.turn)
-    return publisher.publish(trajectory)
+    entry = publisher.publish(trajectory)
+    ROLLOUTS.labels(env=trajectory.environment).inc()
+    REWARD.labels(env=trajectory.environment).observe(trajectory.reward)
+    return entry
 
 
 @celery_app.task(

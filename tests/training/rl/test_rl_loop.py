@@ -1,0 +1,98 @@
+"""The RL loop end to end on real parts: Celery rollout worker, the session's vLLM, Valkey,
+the trainer core on the tiny checkpoint. The engine list of the weight sync is empty here
+(the CI vLLM runs without its dev endpoints), so the sync only advances the version;
+test_rl_weight_sync.py covers the reload into vLLM itself.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import torch
+import torch.distributed as dist
+
+
+@pytest.fixture
+def process_group() -> Iterator[None]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.vllm
+def test_loop_trains_on_fresh_groups_and_advances_the_version(
+    process_group: None, redis_url: str, vllm_url: str, tiny_model: Path, tmp_path: Path
+) -> None:
+    from tokenizers import Tokenizer
+
+    from training.muon import MuonConfig
+    from training.rl import GRPOConfig, LoopConfig, RlLoop, TrajectoryConsumer, grpo_loss_hook
+    from training.rl.config import load_feedback_config
+    from training.rollouts import PolicyVersionGate, VllmWeightSync
+    from training.rollouts.gate import gate_prefix
+    from training.rollouts.worker import TASK_NAME, make_celery
+    from training.settings import TrainingSettings
+    from training.trainer import Trainer
+    from training.trainer_config import TrainerConfig
+
+    run = uuid.uuid4().hex[:8]
+    queue, stream = f"rollouts-{run}", f"traj-{run}"
+    env = {**os.environ, "CSTACK_REDIS_URL": redis_url, "CSTACK_RL_POLICY_URL": f"{vllm_url}/v1",
+           "CSTACK_RL_ROLLOUT_QUEUE": queue, "CSTACK_RL_TRAJECTORY_STREAM": stream,
+           "CSTACK_RL_MAX_TOKENS": "8", "OMP_NUM_THREADS": "1"}  # fmt: skip
+    log = (tmp_path / "worker.log").open("wb")
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "training.rollouts.worker:celery_app", "worker",
+         "--concurrency=1", "--pool=prefork", "--without-gossip", "--without-mingle", f"-Q{queue}"],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        grpo = GRPOConfig(group_size=2, max_staleness=1, feedback=load_feedback_config())
+        trainer = Trainer(
+            TrainerConfig(model_path=tiny_model, seed=0, batch_size=1, seq_len=1,
+                          optimizer=MuonConfig(lr=0.02, adamw_lr=0.002)),
+            loss_fn=grpo_loss_hook(grpo),
+        )  # fmt: skip
+        before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        client = redis.Redis.from_url(redis_url)
+        gate = PolicyVersionGate(client, gate_prefix(stream))
+        consumer = TrajectoryConsumer(client, stream, "trainer", "t0", 2, grpo.max_staleness)
+        app = make_celery(TrainingSettings(redis_url=redis_url, rl_rollout_queue=queue))
+        tokenizer = Tokenizer.from_file(str(tiny_model / "tokenizer.json"))
+        loop = RlLoop(
+            trainer, consumer, gate, VllmWeightSync([], gate),
+            submit=lambda r: app.send_task(TASK_NAME, args=[r.model_dump()], queue=queue),
+            config=LoopConfig(groups_per_step=1, queued_groups=2, export_dir=tmp_path / "w",
+                              grpo=grpo),
+            encode=lambda text: tokenizer.encode(text, add_special_tokens=False).ids,
+        )  # fmt: skip
+        reports = [loop.run_step(timeout_s=240) for _ in range(3)]
+    finally:
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()
+        log.close()
+    assert [r.policy_version for r in reports] == [1, 2, 3] and gate.version() == 3
+    assert all(0.0 <= r.mean_reward <= 1.0 and 0 <= r.staleness <= 1 for r in reports)
+    assert all(r.tokens_per_s > 0 and r.rollouts_per_s > 0 for r in reports)
+    exports = sorted(p.name for p in (tmp_path / "w").iterdir())
+    assert exports == ["step-000002", "step-000003"]
+    assert (tmp_path / "w" / "step-000003" / "config.json").is_file()
+    assert (tmp_path / "w" / "step-000003" / "tokenizer.json").is_file()
+    changed = [
+        n for n, p in trainer.model.named_parameters() if not torch.equal(p.detach(), before[n])
+    ]
+    assert changed, "three optimizer steps left every weight untouched"

@@ -1,0 +1,51 @@
+"""`cstack rl`: the whole RL loop locally, with a live display."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from contextlib import ExitStack
+from pathlib import Path
+
+import typer
+
+
+def rl(
+    steps: int = typer.Option(20, help="Optimizer steps (each pushes new weights to vLLM)."),
+    environment: str = typer.Option("digits", help="digits (learnable on CPU) or coding."),
+    task: list[str] = typer.Option(
+        [], "--task", help="Task ids (coding: folders in the task dir)."
+    ),
+    group_size: int = typer.Option(4, help="Rollouts per task per GRPO group."),
+    groups_per_step: int = typer.Option(2, help="Task groups per optimizer step."),
+    feedback: bool = typer.Option(True, help="Targeted text feedback (hint KL)."),
+    model: Path | None = typer.Option(None, help="HF checkpoint to start from (default: tiny)."),
+    workers: int = typer.Option(1, help="Rollout worker processes."),
+    max_tokens: int = typer.Option(32, help="Max tokens per model turn."),
+    lr: float = typer.Option(0.02, help="Muon learning rate (AdamW parts: lr / 10)."),
+    seed: int = typer.Option(0, help="Seed of the trainer and the tiny checkpoint."),
+    out: Path = typer.Option(Path(".cstack/rl"), help="Weights, logs and the step report."),
+) -> None:
+    """Run Valkey, a vLLM engine, rollout workers and the trainer; train with GRPO."""
+    import os
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    from training.rl.session import RlSession, SessionConfig
+
+    if environment not in ("digits", "coding"):
+        raise typer.BadParameter("must be digits or coding", param_hint="--environment")
+    if environment == "coding" and not task:
+        raise typer.BadParameter("coding needs --task ids from `cstack tasks build`")
+    config = SessionConfig(
+        steps=steps, environment=environment, task_ids=tuple(task), group_size=group_size,
+        groups_per_step=groups_per_step, feedback=feedback, model=model, workers=workers,
+        max_tokens=max_tokens, lr=lr, seed=seed, out=out, run_id=uuid.uuid4().hex[:8],
+    )  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    report_path = out / "steps.jsonl"
+    with ExitStack() as stack, report_path.open("w") as report:
+        session = RlSession(config, stack)
+        for step in session.run():
+            report.write(json.dumps(step.__dict__) + "\n")
+            report.flush()
+    typer.echo(f"step reports in {report_path}")

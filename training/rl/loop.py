@@ -1,0 +1,160 @@
+"""The RL loop on the trainer side: keep rollouts queued, train on fresh task groups,
+push the new weights, advance the policy version.
+
+Rollouts are asynchronous: while the trainer steps, workers keep sampling with the
+policy version they were given; the consumer drops anything more than ``max_staleness``
+versions behind, so off-policy drift stays bounded.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from torch import Tensor
+
+from training.rl.batch import build_batch
+from training.rl.config import GRPOConfig
+from training.rl.consumer import TrajectoryConsumer, TrajectoryGroup
+from training.rl.feedback import Encode
+from training.rl.trainer_hook import trainer_batch
+from training.rollouts import PolicyVersionGate, RolloutRequest
+from training.rollouts.metrics import STALENESS
+
+
+class TrainerLike(Protocol):
+    """What the loop needs of training.Trainer (kept narrow for the loop's own tests)."""
+
+    @property
+    def model(self) -> Callable[..., Tensor]: ...
+
+    def train_step(self, batch: Mapping[str, Tensor]) -> object: ...
+
+    def export(self, out: Path) -> None: ...
+
+
+class WeightPush(Protocol):
+    def push(self, checkpoint: Path) -> int: ...
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    environment: str = "digits"
+    task_ids: tuple[str, ...] = ("digits-0", "digits-1", "digits-2", "digits-3")
+    groups_per_step: int = 2
+    queued_groups: int = 4
+    export_dir: Path = Path(".cstack/rl/weights")
+    keep_exports: int = 2
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+
+
+@dataclass(frozen=True)
+class StepReport:
+    step: int
+    policy_version: int
+    mean_reward: float
+    invalid_tool_rate: float
+    staleness: float
+    rollouts_per_s: float
+    tokens_per_s: float
+    loss: float
+    dropped_stale: int
+    flagged_turns: int
+
+
+class RlLoop:
+    def __init__(
+        self,
+        trainer: TrainerLike,
+        consumer: TrajectoryConsumer,
+        gate: PolicyVersionGate,
+        weights: WeightPush,
+        submit: Callable[[RolloutRequest], None],
+        config: LoopConfig,
+        encode: Encode,
+        pad_id: int = 0,
+        teacher: Callable[..., Tensor] | None = None,
+    ) -> None:
+        self.trainer, self.consumer, self.gate = trainer, consumer, gate
+        self.weights, self.submit, self.config = weights, submit, config
+        self.encode, self.pad_id, self.teacher = encode, pad_id, teacher
+        self.step = 0
+        self._submitted_groups = 0
+        self._tasks = itertools.cycle(config.task_ids)
+        self._started = time.monotonic()
+
+    def _in_flight_groups(self) -> float:
+        done = self.consumer.stats.received + self.consumer.stats.dropped_malformed
+        return self._submitted_groups - done / self.config.grpo.group_size
+
+    def top_up(self) -> None:
+        """Queue whole groups (same task, current version) until enough are in flight."""
+        version = self.gate.version()
+        while self._in_flight_groups() < self.config.queued_groups:
+            task_id = next(self._tasks)
+            for _ in range(self.config.grpo.group_size):
+                self.submit(RolloutRequest(
+                    rollout_id=uuid.uuid4().hex, task_id=task_id,
+                    environment=self.config.environment, policy_version=version,
+                ))  # fmt: skip
+            self._submitted_groups += 1
+
+    def run_step(self, timeout_s: float = 3600.0) -> StepReport:
+        started = time.monotonic()
+        version = self.gate.version()
+        groups: list[TrajectoryGroup] = []
+        deadline = started + timeout_s
+        while len(groups) < self.config.groups_per_step:
+            if time.monotonic() > deadline:
+                raise TimeoutError("no fresh trajectory groups arrived in time")
+            self.top_up()
+            groups += self.consumer.poll(version, block_ms=500)
+        groups = groups[: self.config.groups_per_step]
+        trajectories = [t for g in groups for t in g.trajectories]
+        grpo = self.config.grpo
+        batch = build_batch([g.trajectories for g in groups], grpo, self.encode, self.pad_id)
+        parallel = getattr(getattr(self.trainer, "config", None), "parallel", None)
+        inputs = trainer_batch(
+            batch, grpo, self.teacher or self.trainer.model,
+            pad_id=self.pad_id,
+            row_multiple=getattr(parallel, "data_parallel", 1),
+            seq_multiple=getattr(parallel, "cp", 1),
+        )  # fmt: skip
+        stats = self.trainer.train_step(inputs)
+        self.consumer.ack([e for g in groups for e in g.entry_ids])
+        export = self.config.export_dir / f"step-{self.step + 1:06d}"
+        self.trainer.export(export)
+        new_version = self.weights.push(export)
+        self._prune_exports(export)
+        self.step += 1
+        staleness = [version - t.policy_version_start for t in trajectories]
+        for value in staleness:
+            STALENESS.observe(value)
+        calls = sum(t.tool_calls for t in trajectories)
+        invalid = sum(t.invalid_tool_calls for t in trajectories)
+        elapsed = max(time.monotonic() - started, 1e-9)
+        tokens = int(batch.completion_mask.sum())
+        return StepReport(
+            step=self.step,
+            policy_version=new_version,
+            mean_reward=sum(t.reward for t in trajectories) / len(trajectories),
+            invalid_tool_rate=invalid / calls if calls else 0.0,
+            staleness=sum(staleness) / len(staleness),
+            rollouts_per_s=len(trajectories) / elapsed,
+            tokens_per_s=tokens / elapsed,
+            loss=float(getattr(stats, "loss", 0.0)),
+            dropped_stale=self.consumer.stats.dropped_stale,
+            flagged_turns=int(batch.flagged_rows.numel()),
+        )
+
+    def _prune_exports(self, current: Path) -> None:
+        exports = sorted(p for p in self.config.export_dir.glob("step-*") if p.is_dir())
+        for old in exports[: -self.config.keep_exports]:
+            if old != current:
+                shutil.rmtree(old, ignore_errors=True)

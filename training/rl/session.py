@@ -1,0 +1,142 @@
+"""Wire a local RL run: stack, trainer (world of one), consumer, gate, sync, display."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from rich.live import Live
+from rich.table import Table
+
+from training.rl.config import GRPOConfig, load_feedback_config
+from training.rl.loop import LoopConfig, RlLoop, StepReport
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    steps: int
+    environment: str
+    task_ids: tuple[str, ...]
+    group_size: int
+    groups_per_step: int
+    feedback: bool
+    model: Path | None
+    workers: int
+    max_tokens: int
+    lr: float
+    seed: int
+    out: Path
+    run_id: str
+
+
+def _table(config: SessionConfig, history: list[StepReport], status: str) -> Table:
+    table = Table(title=f"cstack rl · {config.environment} · {status}")
+    for column in ("step", "version", "mean reward", "invalid tool rate", "staleness",
+                   "rollouts/s", "tokens/s", "loss", "dropped stale"):  # fmt: skip
+        table.add_column(column, justify="right")
+    for r in history[-15:]:
+        table.add_row(
+            str(r.step), str(r.policy_version), f"{r.mean_reward:.3f}",
+            f"{r.invalid_tool_rate:.3f}", f"{r.staleness:.2f}", f"{r.rollouts_per_s:.2f}",
+            f"{r.tokens_per_s:.1f}", f"{r.loss:.4f}", str(r.dropped_stale),
+        )  # fmt: skip
+    return table
+
+
+class RlSession:
+    def __init__(self, config: SessionConfig, stack: ExitStack) -> None:
+        self.config = config
+        self.stack = stack
+
+    def run(self) -> Iterator[StepReport]:
+        import redis
+        import torch.distributed as dist
+        from tokenizers import Tokenizer
+
+        from serving import build_tiny_checkpoint
+        from training.muon import MuonConfig
+        from training.rl.consumer import TrajectoryConsumer
+        from training.rl.stack import start_engine, start_valkey, start_workers
+        from training.rl.trainer_hook import grpo_loss_hook
+        from training.rollouts import PolicyVersionGate
+        from training.rollouts.gate import gate_prefix
+        from training.rollouts.weight_sync import VllmWeightSync
+        from training.rollouts.worker import TASK_NAME, make_celery
+        from training.settings import TrainingSettings
+        from training.trainer import Trainer
+        from training.trainer_config import TrainerConfig
+
+        c = self.config
+        logs = c.out / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        status = ["starting"]
+        history: list[StepReport] = []
+        live = self.stack.enter_context(Live(_table(c, history, "starting"), refresh_per_second=2))
+
+        def show(text: str) -> None:
+            status[0] = text
+            live.update(_table(c, history, text))
+
+        model = c.model or build_tiny_checkpoint(c.out / "model", seed=c.seed)
+        show("starting valkey")
+        redis_url = start_valkey(self.stack)
+        show("starting vLLM (dev mode, about 2 minutes on CPU)")
+        engine_url = start_engine(self.stack, model, logs, timeout_s=900)
+        queue, stream = f"rollouts-{c.run_id}", f"cstack:rl:{c.run_id}:trajectories"
+        settings = TrainingSettings(redis_url=redis_url, rl_rollout_queue=queue,
+                                    rl_trajectory_stream=stream)  # fmt: skip
+        worker_env = {
+            "CSTACK_REDIS_URL": redis_url, "CSTACK_RL_POLICY_URL": f"{engine_url}/v1",
+            "CSTACK_RL_ROLLOUT_QUEUE": queue, "CSTACK_RL_TRAJECTORY_STREAM": stream,
+            "CSTACK_RL_MAX_TOKENS": str(c.max_tokens), "OMP_NUM_THREADS": "1",
+            "CSTACK_RL_TASK_DIR": str(settings.rl_task_dir.resolve()),
+        }  # fmt: skip
+        show("starting rollout workers")
+        start_workers(self.stack, worker_env, c.workers, logs)
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+        self.stack.callback(dist.destroy_process_group)
+        feedback = load_feedback_config()
+        grpo = GRPOConfig(group_size=c.group_size,
+                          feedback=replace(feedback, enabled=c.feedback))  # fmt: skip
+        trainer = Trainer(
+            TrainerConfig(model_path=Path(model), seed=c.seed, batch_size=1, seq_len=1,
+                          grad_clip=1.0, optimizer=MuonConfig(lr=c.lr, adamw_lr=c.lr / 10)),
+            loss_fn=grpo_loss_hook(grpo),
+        )  # fmt: skip
+        client = redis.Redis.from_url(redis_url)
+        gate = PolicyVersionGate(client, gate_prefix(stream))
+        gate.set_version(0)
+        consumer = TrajectoryConsumer(client, stream, "trainer", "trainer-0", c.group_size,
+                                      grpo.max_staleness)  # fmt: skip
+        app = make_celery(settings)
+        tokenizer = Tokenizer.from_file(str(Path(model) / "tokenizer.json"))
+        pad_id = tokenizer.token_to_id("<|pad|>") or 0
+        loop = RlLoop(
+            trainer, consumer, gate, VllmWeightSync([engine_url], gate),
+            submit=lambda request: app.send_task(TASK_NAME, args=[request.model_dump()],
+                                                 queue=queue),
+            config=LoopConfig(
+                environment=c.environment,
+                task_ids=c.task_ids or tuple(f"digits-{i}" for i in range(4)),
+                groups_per_step=c.groups_per_step, queued_groups=2 * c.groups_per_step,
+                export_dir=c.out / "weights", grpo=grpo,
+            ),
+            encode=lambda text: tokenizer.encode(text, add_special_tokens=False).ids,
+            pad_id=pad_id,
+        )  # fmt: skip
+        for _ in range(c.steps):
+            show(f"training step {loop.step + 1}/{c.steps}")
+            report = loop.run_step()
+            history.append(report)
+            show(f"step {report.step}/{c.steps} done")
+            yield report
+        show("done")

@@ -1,0 +1,70 @@
+"""Push new weights into running vLLM engines without restarting them.
+
+Uses vLLM's own endpoints (served when the engine runs with VLLM_SERVER_DEV_MODE=1):
+``/pause?mode=wait`` lets in-flight requests finish on the old weights, ``/collective_rpc``
+``reload_weights`` loads the exported HF checkpoint in place on every worker,
+``/reset_prefix_cache`` drops KV computed with the old weights, ``/update_weight_version``
+labels the engine, ``/resume`` serves again. The version gate (gate.py) brackets it so
+that no turn straddles the swap and every turn records the version that produced it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from training.rollouts.gate import PolicyVersionGate
+
+
+class WeightSyncError(RuntimeError):
+    """An engine refused a step of the update; the message names the engine and step."""
+
+
+def _check(response: httpx.Response, url: str, step: str) -> None:
+    if response.status_code == 404:
+        raise WeightSyncError(
+            f"{url}: {step} not found; start vLLM with VLLM_SERVER_DEV_MODE=1 for weight sync"
+        )
+    if response.status_code >= 400:
+        raise WeightSyncError(
+            f"{url}: {step} failed ({response.status_code}): {response.text[:200]}"
+        )
+
+
+@dataclass
+class VllmWeightSync:
+    engine_urls: list[str]
+    gate: PolicyVersionGate
+    timeout_s: float = 600.0
+
+    def engine_version(self, url: str) -> str:
+        response = httpx.get(f"{url.rstrip('/')}/weight_info", timeout=self.timeout_s)
+        _check(response, url, "/weight_info")
+        return str(response.json()["weight_version"])
+
+    def push(self, checkpoint: Path) -> int:
+        """Reload ``checkpoint`` into every engine; returns the new policy version."""
+        with self.gate.exclusive(drain_timeout_s=self.timeout_s) as version:
+            new_version = version + 1
+            for url in self.engine_urls:
+                self._reload(url.rstrip("/"), Path(checkpoint).resolve(), new_version)
+            self.gate.set_version(new_version)
+        return new_version
+
+    def _reload(self, url: str, checkpoint: Path, version: int) -> None:
+        with httpx.Client(base_url=url, timeout=self.timeout_s) as client:
+            _check(client.post("/pause", params={"mode": "wait"}), url, "/pause")
+            try:
+                rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(checkpoint)}}
+                _check(client.post("/collective_rpc", json=rpc), url, "reload_weights")
+                _check(client.post("/reset_prefix_cache"), url, "/reset_prefix_cache")
+                update = {"new_version": str(version)}
+                _check(
+                    client.post("/update_weight_version", json=update),
+                    url,
+                    "/update_weight_version",
+                )
+            finally:
+                _check(client.post("/resume"), url, "/resume")
