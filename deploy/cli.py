@@ -24,10 +24,12 @@ app.command("up")(up)
 
 # --- commands contributed by the other packages (one block each) ---
 
+from training.rl.cli import rl  # noqa: E402
 from training.rollouts.cli import worker_rollouts  # noqa: E402
 from training.tasks.cli import tasks_app  # noqa: E402
 
 app.add_typer(tasks_app, name="tasks")
+app.command("rl")(rl)
 worker_app.command("rollouts")(worker_rollouts)
 
 from training.cli import train  # noqa: E402
