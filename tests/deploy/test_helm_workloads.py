@@ -4,6 +4,8 @@ and settings names that exist, the price book where billing reads it, the traine
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -201,3 +203,45 @@ def test_vllm_dev_endpoints_only_with_the_trainer(
         for tier in TIERS:
             env = env_of(containers(find(manifests, "Deployment", f"-vllm-{tier}"))[0])
             assert env.get("VLLM_SERVER_DEV_MODE", {}).get("value") == expected
+
+
+# Parses argv with vLLM's own server argument parser, in a child process so vLLM's import
+# side effects stay out of the test session; prints the engine arguments it produced.
+_VLLM_PARSE = """
+import json, sys
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.entrypoints.launchers.cli_args import make_arg_parser
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+for argv in json.loads(sys.stdin.read()):
+    parsed = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
+    engine = AsyncEngineArgs.from_cli_args(parsed)
+    print(json.dumps({"model": engine.model, "port": parsed.port,
+                      "tensor_parallel_size": engine.tensor_parallel_size,
+                      "max_num_seqs": engine.max_num_seqs,
+                      "speculative_config": engine.speculative_config}))
+"""
+
+
+def test_vllm_accepts_every_flag_the_chart_passes(default_manifests: list[Manifest]) -> None:
+    book = load_variants(REPO / "serving" / "variants.yaml")
+    argvs = [
+        containers(find(default_manifests, "Deployment", f"-vllm-{tier}"))[0]["args"]
+        for tier in TIERS
+    ]
+    result = subprocess.run(
+        [sys.executable, "-c", _VLLM_PARSE],
+        input=json.dumps(argvs),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    parsed = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    for tier, engine in zip(TIERS, parsed, strict=True):
+        expected = book.engine_args(tier, "gpu")
+        assert engine["tensor_parallel_size"] == expected["tensor-parallel-size"]
+        assert engine["max_num_seqs"] == expected["max-num-seqs"]
+        spec = expected.get("speculative-config")
+        assert engine["speculative_config"] == (json.loads(spec) if spec else None)
