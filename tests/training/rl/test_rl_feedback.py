@@ -184,3 +184,25 @@ def test_feedback_marks_survive_the_record_round_trip() -> None:
     trajectory = _trajectory("a", 1.0)
     again = Trajectory.model_validate_json(trajectory.model_dump_json())
     assert again.feedback == [FeedbackMark(turn_index=0, trigger="unknown_tool", hint="tools")]
+
+
+@pytest.mark.vllm
+def test_hinted_prompt_equals_vllms_rendering_with_the_hint_message(
+    vllm_url: str, tiny_model: Path
+) -> None:
+    import httpx
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tiny_model / "tokenizer.json"))
+
+    def real_encode(text: str) -> list[int]:
+        return list(tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def render(messages: list[dict[str, str]]) -> list[int]:
+        body = {"model": "composer-2.5", "messages": messages, "add_generation_prompt": True}
+        return list(httpx.post(f"{vllm_url}/tokenize", json=body, timeout=60).json()["tokens"])
+
+    hint = "Reminder: available tools: read_file, finish."
+    chat = [{"role": "user", "content": "Fix the bug."}]
+    hinted = hinted_prompt(render(chat), hint, load_feedback_config(), real_encode)
+    assert hinted == render([*chat, {"role": "system", "content": hint}])
