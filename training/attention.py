@@ -2,9 +2,8 @@
 
 Queries go through a low-rank ``q_a_proj`` -> RMSNorm -> ``q_b_proj`` (or one ``q_proj``);
 keys and values share one compressed latent from ``kv_a_proj_with_mqa`` whose last
-``qk_rope_head_dim`` channels carry the single rotary key shared by all heads. Rotary
-embedding uses DeepSeek's interleaved pairs when ``rope_interleave`` is set, computed the
-way transformers does so logits agree to float rounding.
+``qk_rope_head_dim`` channels carry the single rotary key shared by all heads
+(training.rope).
 """
 
 from __future__ import annotations
@@ -30,33 +29,6 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(dtype)
 
 
-def rope_cos_sin(
-    config: ModelConfig, positions: Tensor, dtype: torch.dtype
-) -> tuple[Tensor, Tensor]:
-    """cos and sin per position ([..., rope_dim / 2]) for the default rotary embedding."""
-    dim = config.qk_rope_head_dim
-    inv_freq = 1.0 / (
-        config.rope_theta
-        ** (torch.arange(0, dim, 2, dtype=torch.float, device=positions.device) / dim)
-    )
-    freqs = positions[..., None].float() * inv_freq
-    return freqs.cos().to(dtype), freqs.sin().to(dtype)
-
-
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, interleave: bool) -> Tensor:
-    """Rotate ``x`` [batch, heads, seq, rope_dim] by angles [batch, seq, rope_dim / 2]."""
-    cos = cos.unsqueeze(1)
-    sin = sin.unsqueeze(1)
-    if interleave:
-        # Pairs (x0, x1), (x2, x3), ...; output de-interleaved, as transformers does (the
-        # same permutation on q and k leaves their dot products unchanged).
-        x1, x2 = x[..., 0::2], x[..., 1::2]
-    else:
-        half = x.shape[-1] // 2
-        x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-
-
 class MLAttention(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -78,7 +50,8 @@ class MLAttention(nn.Module):
             config.kv_lora_rank, heads * (config.qk_nope_head_dim + config.v_head_dim), bias=False
         )
         self.o_proj = nn.Linear(heads * config.v_head_dim, hidden, bias=bias)
-        self.scaling = config.qk_head_dim**-0.5
+        self.rope = config.rope()
+        self.scaling = config.qk_head_dim**-0.5 * self.rope.softmax_factor
         # Set by training.parallelize.apply_context_parallel; None means the whole sequence.
         self.context_parallel: ContextParallel | None = None
 
@@ -98,9 +71,9 @@ class MLAttention(nn.Module):
             [cfg.kv_lora_rank, cfg.qk_rope_head_dim], dim=-1
         )
         latent = self.kv_a_layernorm(latent)
-        cos, sin = rope_cos_sin(cfg, positions, x.dtype)
-        q_rot = apply_rope(q_rot, cos, sin, cfg.rope_interleave)
-        k_rot = apply_rope(k_rot.unsqueeze(1), cos, sin, cfg.rope_interleave).squeeze(1)
+        cos, sin = self.rope.cos_sin(positions, x.dtype)
+        q_rot = self.rope.apply(q_rot, cos, sin)
+        k_rot = self.rope.apply(k_rot.unsqueeze(1), cos, sin).squeeze(1)
 
         key_positions = positions
         if self.context_parallel is not None:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from training.rope import Rope
+
 
 @dataclass
 class ModelConfig:
@@ -70,12 +72,10 @@ class ModelConfig:
             raise ValueError("num_experts_per_tok must be <= n_routed_experts")
         if self.qk_rope_head_dim % 2:
             raise ValueError(f"qk_rope_head_dim ({self.qk_rope_head_dim}) must be even")
-        scaling = self.rope_scaling
-        if scaling and scaling.get("rope_type", scaling.get("type", "default")) != "default":
-            raise ValueError(
-                f"rope scaling {scaling.get('rope_type', scaling.get('type'))!r} is not supported "
-                "by the trainer's model (only the default rope)"
-            )
+        self.rope().validate()
+
+    def rope(self) -> Rope:
+        return Rope(self.qk_rope_head_dim, self.rope_theta, self.rope_interleave, self.rope_scaling)
 
     @property
     def rope_scaling(self) -> dict[str, Any] | None:

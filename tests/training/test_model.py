@@ -40,9 +40,11 @@ def test_non_interleaved_rope_matches_transformers(tiny_model: Path, tmp_path: P
     model = DeepseekV3Model.from_pretrained(tiny_model).eval()
     model.config.rope_interleave = False
     model.save_pretrained(tmp_path)
+    reloaded = DeepseekV3Model.from_pretrained(tmp_path).eval()
+    assert not reloaded.config.rope_interleave
     ids = _ids(model.config.vocab_size)
     with torch.no_grad():
-        ours = model(ids)
+        ours = reloaded(ids)
     assert _relative_error(ours, _hf_logits(tmp_path, ids)) <= 1e-5
 
 
@@ -92,6 +94,57 @@ def test_saved_checkpoint_loads_in_transformers(tiny_model: Path, tmp_path: Path
         assert torch.equal(reloaded(ids), ours)
 
 
+def test_yarn_rope_matches_transformers(tmp_path: Path) -> None:
+    """DeepSeek-V3's own rope scaling (YaRN, mscale_all_dim), past the original context."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    yarn = {
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 1.0,
+        "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1,
+        "original_max_position_embeddings": 16,
+    }  # fmt: skip
+    config = DeepseekV3Config(
+        vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+        num_hidden_layers=2, first_k_dense_replace=1, num_attention_heads=2,
+        num_key_value_heads=2, q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=8,
+        qk_rope_head_dim=8, v_head_dim=8, n_routed_experts=4, num_experts_per_tok=2,
+        n_group=1, topk_group=1, max_position_embeddings=64, rope_parameters=yarn,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    DeepseekV3ForCausalLM(config).save_pretrained(tmp_path)
+    ours = DeepseekV3Model.from_pretrained(tmp_path).eval()
+    assert ours.config.rope().kind == "yarn"
+    ids = torch.randint(0, 64, (1, 48), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert _relative_error(ours(ids), _hf_logits(tmp_path, ids)) <= 1e-5
+
+
 def test_unsupported_rope_scaling_is_named() -> None:
-    with pytest.raises(ValueError, match="rope scaling 'yarn'"):
-        ModelConfig.from_hf_dict({"rope_scaling": {"rope_type": "yarn", "factor": 40}})
+    with pytest.raises(ValueError, match="rope scaling 'longrope' is not supported"):
+        ModelConfig.from_hf_dict({"rope_scaling": {"rope_type": "longrope", "factor": 40}})
+
+
+def test_routing_bias_moves_toward_balance() -> None:
+    from training.moe import MoE, update_routing_bias
+
+    small = ModelConfig(
+        hidden_size=32, num_attention_heads=2, q_lora_rank=16, kv_lora_rank=16,
+        qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8, vocab_size=64, n_routed_experts=4,
+    )  # fmt: skip
+    model = DeepseekV3Model(small)
+    moe = next(m for m in model.modules() if isinstance(m, MoE))
+    moe.tokens_per_expert.copy_(torch.tensor([10.0, 0.0, 5.0, 5.0]))
+    update_routing_bias(model, 0.01, None)
+    assert moe.gate.e_score_correction_bias.tolist() == pytest.approx([-0.01, 0.01, 0.0, 0.0])
+    assert moe.tokens_per_expert.sum() == 0
+
+
+def test_bf16_autocast_stays_close_to_fp32(tiny_model: Path) -> None:
+    model = DeepseekV3Model.from_pretrained(tiny_model).eval()
+    ids = _ids(model.config.vocab_size)
+    with torch.no_grad():
+        full = model(ids)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            half = model(ids)
+    assert half.dtype == torch.bfloat16
+    assert _relative_error(half.float(), full) < 5e-2
