@@ -100,15 +100,19 @@ def create_app(settings: GatewaySettings, meter: Meter) -> FastAPI:
     app.add_exception_handler(GatewayError, gateway_error_handler)
     app.add_exception_handler(StarletteHTTPException, http_exception_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
-    app.include_router(build_admin_router(store, auth))
 
-    @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await generation.handle(request, CHAT)
 
-    @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await generation.handle(request, COMPLETIONS)
+
+    # The hot routes are plain Starlette routes: the protocol models validate the body
+    # themselves, so FastAPI's per-request dependency solving would be pure overhead.
+    app.add_route(CHAT.path, chat_completions, methods=["POST"])
+    app.add_route(COMPLETIONS.path, completions, methods=["POST"])
+    # After the hot routes: Starlette tries routes in order.
+    app.include_router(build_admin_router(store, auth))
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> JSONResponse:

@@ -47,6 +47,7 @@ class Authenticator:
         self._epoch: int | None = None
         self._epoch_checked_at = float("-inf")
         self._task: asyncio.Task[None] | None = None
+        self._refresh: asyncio.Future[None] | None = None
 
     async def authenticate(self, authorization: str | None) -> Principal:
         if not authorization:
@@ -56,21 +57,22 @@ class Authenticator:
         if scheme.lower() != "bearer" or not token:
             raise unauthorized("Malformed Authorization header: expected 'Bearer <key>'.")
         token_digest = digest(token)
-        now = time.monotonic()
         cached = self._cache.get(token_digest)
-        if (
-            cached is not None
-            and cached[1] > now
-            and now - self._epoch_checked_at < self._staleness_s
-        ):
-            return cached[0]
-        generation = self._generation
         try:
+            if cached is not None and cached[1] > time.monotonic():
+                if time.monotonic() - self._epoch_checked_at >= self._staleness_s:
+                    # The poller fell behind (a busy loop): one shared epoch read for all
+                    # waiting requests, rather than a key lookup each.
+                    await self._refresh_epoch()
+                if token_digest in self._cache:
+                    return cached[0]
+            generation = self._generation
             principal = await self._lookup(token)
         except (RedisError, OSError) as exc:
             raise GatewayError(
                 503, "API key store unavailable", type="server_error", code="auth_unavailable"
             ) from exc
+        now = time.monotonic()
         if principal is None:
             raise unauthorized("Incorrect, unknown or revoked API key.")
         if generation == self._generation:
@@ -85,6 +87,11 @@ class Authenticator:
             return None
         org = await self._store.get_org(key.org_id)
         return Principal(key, (org.customer_id or None) if org else None)
+
+    async def _refresh_epoch(self) -> None:
+        if self._refresh is None or self._refresh.done():
+            self._refresh = asyncio.ensure_future(self.poll_epoch())
+        await asyncio.shield(self._refresh)
 
     def invalidate(self) -> None:
         self._generation += 1

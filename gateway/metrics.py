@@ -54,5 +54,20 @@ class GatewayMetrics:
             "cstack_upstream_replicas", "Configured replicas in the pool.", ["tier"], registry=r
         )
 
+        self._request_children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
+
+    def count_request(self, tier: str, route: str, status: int, seconds: float) -> None:
+        """One finished request; label children are cached (``labels()`` is not free)."""
+        key = (tier, route, status)
+        children = self._request_children.get(key)
+        if children is None:
+            children = (
+                self.requests.labels(tier, route, str(status)),
+                self.duration.labels(tier, route),
+            )
+            self._request_children[key] = children
+        children[0].inc()
+        children[1].observe(seconds)
+
     def render(self) -> bytes:
         return generate_latest(self.registry) + generate_latest(REGISTRY)

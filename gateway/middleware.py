@@ -6,10 +6,11 @@ path of every request and must not buffer or re-wrap streaming bodies.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
+import secrets
 import time
-import uuid
 
 import pydantic_core
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -36,13 +37,16 @@ class RequestContextMiddleware:
     def __init__(self, app: ASGIApp, metrics: GatewayMetrics) -> None:
         self.app = app
         self.metrics = metrics
+        # Unique across replicas and restarts without an os.urandom call per request.
+        self._id_prefix = secrets.token_hex(10)
+        self._counter = itertools.count()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        own_id = f"req_{uuid.uuid4().hex}"
+        own_id = f"req_{self._id_prefix}{next(self._counter):012x}"
         scope[REQUEST_ID] = own_id
         # A client's own id is echoed back (it is theirs to correlate with), but billing
         # and upstreams use the gateway's: a client could reuse ids and dedupe its usage.
@@ -80,5 +84,4 @@ class RequestContextMiddleware:
         finally:
             route = ROUTES.get(scope["path"], "other")
             tier = scope.get(TIER, "none")
-            self.metrics.requests.labels(tier, route, str(status)).inc()
-            self.metrics.duration.labels(tier, route).observe(time.perf_counter() - started)
+            self.metrics.count_request(tier, route, status, time.perf_counter() - started)

@@ -26,7 +26,7 @@ Stop = str | Annotated[list[str], Field(max_length=16)]
 
 
 class OpenAIModel(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
 class StreamOptions(OpenAIModel):

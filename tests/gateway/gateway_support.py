@@ -42,7 +42,12 @@ class GatewayServer:
         self.settings = settings
         self.app = create_app(settings, meter)
         config = uvicorn.Config(
-            self.app, host="127.0.0.1", port=settings.port, log_level="warning", lifespan="on"
+            self.app,
+            host="127.0.0.1",
+            port=settings.port,
+            log_level="warning",
+            lifespan="on",
+            timeout_graceful_shutdown=2,
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)

@@ -23,7 +23,7 @@ JSON_LEAVES = (
     st.none()
     | st.booleans()
     | st.integers(min_value=-(2**70), max_value=2**70)
-    | st.floats(allow_nan=False)
+    | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=20)
 )
 ANY_JSON = st.recursive(
