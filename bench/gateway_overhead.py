@@ -27,6 +27,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import cast
 
@@ -337,15 +338,15 @@ async def benchmark(
         await run_load(gateway_port, via, 8, 1.0, None)
         await compare(
             f"{kind}, paced at {args.rate:g} req/s for {args.seconds:g} s",
-            lambda d=direct: run_load(upstream_port, d, args.concurrency, args.seconds, args.rate),
-            lambda v=via: run_load(gateway_port, v, args.concurrency, args.seconds, args.rate),
+            partial(run_load, upstream_port, direct, args.concurrency, args.seconds, args.rate),
+            partial(run_load, gateway_port, via, args.concurrency, args.seconds, args.rate),
             streaming,
             gateway_pid,
         )
         await compare(
             f"{kind}, closed loop at concurrency {closed_concurrency} for {args.seconds:g} s",
-            lambda d=direct: run_load(upstream_port, d, closed_concurrency, args.seconds, None),
-            lambda v=via: run_load(gateway_port, v, closed_concurrency, args.seconds, None),
+            partial(run_load, upstream_port, direct, closed_concurrency, args.seconds, None),
+            partial(run_load, gateway_port, via, closed_concurrency, args.seconds, None),
             streaming,
             gateway_pid,
         )
@@ -365,8 +366,8 @@ async def vllm_ttft(
     await compare(
         f"real vLLM ({args.vllm_url}), streams of 4 tokens, concurrency 2, "
         f"{args.vllm_seconds:g} s each",
-        lambda: run_load(vllm_port, direct, 2, args.vllm_seconds, None),
-        lambda: run_load(gateway_port, via, 2, args.vllm_seconds, None),
+        partial(run_load, vllm_port, direct, 2, args.vllm_seconds, None),
+        partial(run_load, gateway_port, via, 2, args.vllm_seconds, None),
         True,
         gateway_pid,
     )

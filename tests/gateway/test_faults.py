@@ -53,6 +53,8 @@ def test_replica_killed_during_a_run_requests_keep_succeeding(
         time.sleep(0.1)
     assert metric_value(metrics, "cstack_upstream_healthy", tier="fast") == 1
     assert metric_value(metrics, "cstack_upstream_replicas", tier="fast") == 2
+    # Requests caught on the dead replica went to the live one instead of failing.
+    assert metric_value(metrics, "cstack_upstream_retries_total", tier="fast") >= 1
     ready = httpx.get(f"{gateway.url}/readyz")
     assert ready.status_code == 200 and ready.json()["healthy_upstreams"] == {
         "fast": 1,
