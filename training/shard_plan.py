@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from training.matrix_layout import MatrixLayout
+from training.newton_schulz import flops
 
 
 @dataclass
@@ -68,10 +69,18 @@ def plan_groups(params: list[Tensor], layouts: list[MatrixLayout]) -> list[Group
         group = param.device_mesh.get_group(dim)  # type: ignore[attr-defined]
         shape = layout.matrix_shape(tuple(param.shape))
         keyed.setdefault((id(group), *shape), []).append(i)
-    return [_plan(params, layouts, members) for members in keyed.values()]
+    # Newton-Schulz FLOPs each rank of a process group already owns, across groups, so that
+    # small groups (fewer matrices than ranks) do not all land on the same low ranks.
+    loads: dict[int, list[float]] = {}
+    return [_plan(params, layouts, members, loads) for members in keyed.values()]
 
 
-def _plan(params: list[Tensor], layouts: list[MatrixLayout], indices: list[int]) -> GroupPlan:
+def _plan(
+    params: list[Tensor],
+    layouts: list[MatrixLayout],
+    indices: list[int],
+    loads: dict[int, list[float]],
+) -> GroupPlan:
     first = params[indices[0]]
     dim = _shard_dim(first)
     mesh = first.device_mesh  # type: ignore[attr-defined]
@@ -99,7 +108,8 @@ def _plan(params: list[Tensor], layouts: list[MatrixLayout], indices: list[int])
         [torch.bucketize(mb.matrices, torch.tensor(mb.starts[1:]), right=True) for mb in members]
     )
     local_pos = torch.cat([mb.matrices - mb.starts[rank] + mb.base for mb in members])
-    owner = _assign_owners(holder, world)
+    load = loads.setdefault(id(group), [0.0] * world)
+    owner = _assign_owners(holder, world, load, float(flops(m, n, 1)))
 
     order = torch.argsort(owner, stable=True)
     mine_mask = holder[order] == rank
@@ -130,28 +140,30 @@ def _plan(params: list[Tensor], layouts: list[MatrixLayout], indices: list[int])
     )
 
 
-def _assign_owners(holder: Tensor, world: int) -> Tensor:
+def _assign_owners(holder: Tensor, world: int, load: list[float], cost: float) -> Tensor:
     """Balance Newton-Schulz work, then minimise bytes.
 
-    Each rank owns at most ``ceil(N / world)`` matrices of the group (FLOPs balanced). A
-    matrix goes to the rank holding most of its elements while that rank has room
-    (matrices held whole first: they then move no bytes at all); the rest go to the
-    least-loaded rank. The order is deterministic, so every rank computes the same owners.
+    Each rank owns at most ``ceil(N / world)`` matrices of the group. A matrix that one rank
+    holds whole stays there while that rank has room (it then moves no bytes at all); every
+    other matrix goes to the rank with the least work so far, counting earlier groups
+    (``load``, updated in place), ties broken towards the rank holding most of it. The
+    order is deterministic, so every rank computes the same owners.
     """
-    count = holder.shape[0]
+    count, size = holder.shape
     target = -(-count // world)
-    held = torch.stack([(holder == q).sum(dim=1) for q in range(world)], dim=1)  # [N, W]
-    most, best = held.max(dim=1)
+    held = torch.stack([(holder == q).sum(dim=1) for q in range(world)], dim=1).tolist()
     owner = [-1] * count
-    load = [0] * world
-    for j in torch.argsort(most, descending=True, stable=True).tolist():
-        rank = int(best[j])
-        if load[rank] < target:
-            owner[j] = rank
-            load[rank] += 1
+    owned = [0] * world
+    for j in range(count):
+        whole = [q for q in range(world) if held[j][q] == size]
+        if whole and owned[whole[0]] < target:
+            owner[j] = whole[0]
+            owned[whole[0]] += 1
+            load[whole[0]] += cost
     for j in range(count):
         if owner[j] < 0:
-            rank = min(range(world), key=lambda q: (load[q], q))
+            rank = min(range(world), key=lambda q: (owned[q] >= target, load[q], -held[j][q], q))
             owner[j] = rank
-            load[rank] += 1
+            owned[rank] += 1
+            load[rank] += cost
     return torch.tensor(owner, dtype=torch.long)
