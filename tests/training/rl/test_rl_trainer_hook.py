@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import socket
-from collections.abc import Iterator
-
 import pytest
 import torch
-import torch.distributed as dist
 from rl_toy import encode
 
 from training.agent import Trajectory, Turn
@@ -31,18 +27,6 @@ FEEDBACK = TextFeedbackConfig(
     kl_coef=0.5, hint_template="SYS {hint} END", generation_prompt="ASSIST",
     triggers=(Trigger(name="unknown_tool", unknown_tool=True, hint="tools"),),
 )  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def world_of_one() -> Iterator[None]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _trajectory(name: str, reward: float, completion: list[int]) -> Trajectory:
@@ -79,7 +63,7 @@ def _trajectory(name: str, reward: float, completion: list[int]) -> Trajectory:
     ("normalisation", "kl_normalisation"), [("token", "token"), ("sequence", "turn")]
 )
 def test_hook_in_trainer_equals_reference(
-    world_of_one: None, normalisation: str, kl_normalisation: str
+    process_group: None, normalisation: str, kl_normalisation: str
 ) -> None:
     feedback = TextFeedbackConfig(**{**FEEDBACK.__dict__, "kl_normalisation": kl_normalisation})
     config = GRPOConfig(normalisation=normalisation, feedback=feedback)  # type: ignore[arg-type]
