@@ -10,6 +10,7 @@ import re
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 import httpx
+import openai
 import uvicorn
 import yaml
 from redis.asyncio import Redis
@@ -27,6 +29,12 @@ from gateway import GatewaySettings, KeyStore, create_app
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((REPO / "deploy" / "grafana").glob("*.json"))
 ALERTS = REPO / "deploy" / "prometheus" / "alerts.yaml"
+TEST_PLANS = {
+    "observed": {"included_usd": "100.00", "overage": "refused", "rpm": 100000, "tpm": 10**9},
+    "one-rpm": {"included_usd": "100.00", "overage": "refused", "rpm": 1, "tpm": 10**9},
+    "no-allowance": {"included_usd": "0.000001", "overage": "refused", "rpm": 100000, "tpm": 10**9},
+}
+CUSTOMER = "cus_observability"
 #: Grafana's variables, set the way the dashboards are opened: all tiers, and a window wide
 #: enough to hold the whole test's traffic.
 GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$tier": ".*"}
@@ -209,3 +217,62 @@ class PrometheusApi:
 
     def close(self) -> None:
         self.client.close()
+
+
+def billing_env(tmp: Path, redis_url: str, stripe_url: str, metrics_port: int) -> dict[str, str]:
+    book = yaml.safe_load((REPO / "billing" / "pricebook.yaml").read_text())
+    book["plans"].update(TEST_PLANS)
+    (tmp / "pricebook.yaml").write_text(yaml.safe_dump(book))
+    suffix = uuid.uuid4().hex[:8]
+    return {
+        "CSTACK_REDIS_URL": redis_url,
+        "CSTACK_PRICEBOOK_PATH": str(tmp / "pricebook.yaml"),
+        "CSTACK_LEDGER_URL": f"sqlite:///{tmp / 'ledger.db'}",
+        "CSTACK_USAGE_STREAM": f"cstack:usage:{suffix}",
+        "CSTACK_USAGE_DEAD_LETTER_STREAM": f"cstack:usage:dead:{suffix}",
+        "CSTACK_USAGE_SPOOL_DIR": str(tmp / "spool"),
+        "CSTACK_BEAT_SCHEDULE_FILE": str(tmp / "beat-schedule"),
+        "CSTACK_LEDGER_DRAIN_INTERVAL_S": "0.5",
+        "CSTACK_STRIPE_SYNC_INTERVAL_S": "1",
+        "CSTACK_STRIPE_MINUTE_GRACE_S": "0",
+        "CSTACK_STRIPE_API_KEY": "sk_test_observability",
+        "CSTACK_STRIPE_API_BASE": stripe_url,
+        "CSTACK_METRICS_PORT": str(metrics_port),
+    }
+
+
+def send_traffic(gateway_url: str, redis_url: str) -> list[str]:
+    """Completions on both tiers (streamed and not), then requests the meter refuses."""
+    key = create_api_key(redis_url, "observed-org", "observed", CUSTOMER)
+    client = openai.OpenAI(base_url=f"{gateway_url}/v1", api_key=key, max_retries=0)
+    client.models.list()
+    for model in ("composer-2.5-fast", "composer-2.5-standard"):
+        messages: Any = [{"role": "user", "content": "Count to three."}]
+        client.chat.completions.create(model=model, messages=messages, max_tokens=8)
+        stream = client.chat.completions.create(
+            model=model,
+            messages=messages,
+            max_tokens=8,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        assert [chunk for chunk in stream]
+        client.completions.create(model=model, prompt="One, two,", max_tokens=8)
+
+    codes = []
+    for plan, attempts in (("one-rpm", 2), ("no-allowance", 1)):
+        limited = openai.OpenAI(
+            base_url=f"{gateway_url}/v1",
+            api_key=create_api_key(redis_url, f"{plan}-org", plan, CUSTOMER),
+            max_retries=0,
+        )
+        for _ in range(attempts):
+            try:
+                limited.chat.completions.create(
+                    model="composer-2.5-fast",
+                    messages=[{"role": "user", "content": "Hi"}],
+                    max_tokens=4,
+                )
+            except openai.RateLimitError as refused:
+                codes.append(str(refused.code))
+    return codes

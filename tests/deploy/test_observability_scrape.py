@@ -10,8 +10,12 @@ scraping all four every second with the alert rules loaded. Traffic goes through
 
 Exempt from "returns data" (they must still evaluate without error), because no process
 here exports them:
-- cstack_rollout_*, cstack_policy_staleness: the rollout workers do not export metrics yet
-  (training/rollouts has no exporter to run);
+- cstack_rollouts_total, cstack_rollout_reward: `cstack worker rollouts` cannot serve its
+  metrics yet (its worker_process_init hook fails: `from celery import current_process`
+  raises ImportError in training/rollouts/worker.py), so there is nothing to scrape;
+- cstack_policy_staleness: the RL loop observes it after an optimizer step that pushed new
+  weights into vLLM through its dev endpoints; that loop is not run here (the session's
+  vLLM is shared, and `cstack rl` starts a vLLM of its own);
 - vllm:spec_decode_*: only an engine with speculative decoding exports them (the fast
   tier's MTP in production), which the tiny checkpoint on the CPU build cannot run.
 The prefix-cache hit ratio returns series but may be NaN: the cpu profile of
@@ -23,27 +27,25 @@ from __future__ import annotations
 import math
 import shutil
 import sys
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlparse
 
-import openai
 import pytest
 import yaml
 from observability_support import (
     ALERTS,
-    REPO,
+    CUSTOMER,
     PrometheusApi,
     StripeStandIn,
     ThreadedGateway,
     alert_expressions,
-    create_api_key,
+    billing_env,
     dashboard_expressions,
     free_port,
     prometheus_config,
+    send_traffic,
     wait_until,
 )
 from sqlalchemy import create_engine, text
@@ -63,12 +65,6 @@ EXEMPT_METRICS = (
     "cstack_policy_staleness",
     "vllm:spec_decode_",
 )
-TEST_PLANS = {
-    "observed": {"included_usd": "100.00", "overage": "refused", "rpm": 100000, "tpm": 10**9},
-    "one-rpm": {"included_usd": "100.00", "overage": "refused", "rpm": 1, "tpm": 10**9},
-    "no-allowance": {"included_usd": "0.000001", "overage": "refused", "rpm": 100000, "tpm": 10**9},
-}
-CUSTOMER = "cus_observability"
 
 
 @dataclass
@@ -89,65 +85,6 @@ def _isolated_redis(redis_url: str) -> str:
     return urlparse(redis_url)._replace(path="/7").geturl()
 
 
-def _billing_env(tmp: Path, redis_url: str, stripe_url: str, metrics_port: int) -> dict[str, str]:
-    book = yaml.safe_load((REPO / "billing" / "pricebook.yaml").read_text())
-    book["plans"].update(TEST_PLANS)
-    (tmp / "pricebook.yaml").write_text(yaml.safe_dump(book))
-    suffix = uuid.uuid4().hex[:8]
-    return {
-        "CSTACK_REDIS_URL": redis_url,
-        "CSTACK_PRICEBOOK_PATH": str(tmp / "pricebook.yaml"),
-        "CSTACK_LEDGER_URL": f"sqlite:///{tmp / 'ledger.db'}",
-        "CSTACK_USAGE_STREAM": f"cstack:usage:{suffix}",
-        "CSTACK_USAGE_DEAD_LETTER_STREAM": f"cstack:usage:dead:{suffix}",
-        "CSTACK_USAGE_SPOOL_DIR": str(tmp / "spool"),
-        "CSTACK_BEAT_SCHEDULE_FILE": str(tmp / "beat-schedule"),
-        "CSTACK_LEDGER_DRAIN_INTERVAL_S": "0.5",
-        "CSTACK_STRIPE_SYNC_INTERVAL_S": "1",
-        "CSTACK_STRIPE_MINUTE_GRACE_S": "0",
-        "CSTACK_STRIPE_API_KEY": "sk_test_observability",
-        "CSTACK_STRIPE_API_BASE": stripe_url,
-        "CSTACK_METRICS_PORT": str(metrics_port),
-    }
-
-
-def _send_traffic(gateway_url: str, redis_url: str) -> list[str]:
-    """Completions on both tiers (streamed and not), then requests the meter refuses."""
-    key = create_api_key(redis_url, "observed-org", "observed", CUSTOMER)
-    client = openai.OpenAI(base_url=f"{gateway_url}/v1", api_key=key, max_retries=0)
-    client.models.list()
-    for model in ("composer-2.5-fast", "composer-2.5-standard"):
-        messages: Any = [{"role": "user", "content": "Count to three."}]
-        client.chat.completions.create(model=model, messages=messages, max_tokens=8)
-        stream = client.chat.completions.create(
-            model=model,
-            messages=messages,
-            max_tokens=8,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
-        assert [chunk for chunk in stream]
-        client.completions.create(model=model, prompt="One, two,", max_tokens=8)
-
-    codes = []
-    for plan, attempts in (("one-rpm", 2), ("no-allowance", 1)):
-        limited = openai.OpenAI(
-            base_url=f"{gateway_url}/v1",
-            api_key=create_api_key(redis_url, f"{plan}-org", plan, CUSTOMER),
-            max_retries=0,
-        )
-        for _ in range(attempts):
-            try:
-                limited.chat.completions.create(
-                    model="composer-2.5-fast",
-                    messages=[{"role": "user", "content": "Hi"}],
-                    max_tokens=4,
-                )
-            except openai.RateLimitError as refused:
-                codes.append(str(refused.code))
-    return codes
-
-
 @pytest.fixture(scope="module")
 def observed(
     vllm_url: str, redis_url: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
@@ -160,7 +97,7 @@ def observed(
     stripe = StripeStandIn()
     worker_port = free_port()
     trainer_port = free_port()
-    env = _billing_env(tmp, redis, stripe.url, worker_port)
+    env = billing_env(tmp, redis, stripe.url, worker_port)
     cstack = [sys.executable, "-m", "deploy.cli"]
     worker = ManagedProcess(
         "billing worker",
@@ -192,7 +129,6 @@ def observed(
         for process in processes:
             process.start()
         worker.wait_healthy(timeout_s=60)
-        trainer.wait_healthy(timeout_s=120)
 
         billing = BillingSettings.model_validate(
             {k.removeprefix("CSTACK_").lower(): v for k, v in env.items()}
@@ -209,6 +145,7 @@ def observed(
             ),
             create_meter(billing),
         ).start()
+        trainer.wait_healthy(timeout_s=120)
 
         vllm = urlparse(vllm_url)
         config = prometheus_config(
@@ -243,13 +180,13 @@ def observed(
         # Labelled series start to exist at their first observation, and rate() counts
         # only increases Prometheus saw happen: so a first round creates the series, and
         # once they are scraped a second round is what the rates and quantiles see.
-        codes = _send_traffic(gateway.url, redis)
+        codes = send_traffic(gateway.url, redis)
         wait_until(
             lambda: len(api.query("cstack_time_to_first_token_seconds_count")) == 2,
             30,
             "the first round's series to be scraped",
         )
-        codes += _send_traffic(gateway.url, redis)
+        codes += send_traffic(gateway.url, redis)
         # The pipeline's last step: usage in the ledger reported to Stripe (once the
         # minute it happened in has closed), and Prometheus has scraped that.
         wait_until(
