@@ -54,8 +54,8 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
     return (gather() if gather is not None else tensor).detach()
 
 
-def _worker(rank: int, world: int) -> None:
-    config = _config(ParallelConfig(world_size=world, dp_shard=2, cp=2, ep=8))
+def _check_step(world: int, parallel: ParallelConfig) -> None:
+    config = _config(parallel)
     trainer = Trainer(config)
     batch = RandomTokens(SMALL.vocab_size, config.seed).batch(0, config.batch_size, config.seq_len)
     expected = _reference(config, batch)
@@ -75,6 +75,13 @@ def _worker(rank: int, world: int) -> None:
     assert isinstance(ref_state, dict)
     for name, value in trainer.model.state_dict().items():
         torch.testing.assert_close(_full(value), ref_state[name], rtol=1e-4, atol=1e-5)
+
+
+def _worker(rank: int, world: int) -> None:
+    # The layout: HSDP 4x2 dense mesh, CP=2 and EP=8 on the same 8 ranks.
+    _check_step(world, ParallelConfig(world_size=world, dp_shard=2, cp=2, ep=8))
+    # Expert weights replicated over 4 EP groups of 2 (their gradients all-reduced), CP=4.
+    _check_step(world, ParallelConfig(world_size=world, dp_shard=4, cp=4, ep=2))
 
 
 @pytest.mark.distributed
