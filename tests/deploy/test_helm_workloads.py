@@ -245,3 +245,23 @@ def test_vllm_accepts_every_flag_the_chart_passes(default_manifests: list[Manife
         assert engine["max_num_seqs"] == expected["max-num-seqs"]
         spec = expected.get("speculative-config")
         assert engine["speculative_config"] == (json.loads(spec) if spec else None)
+
+
+def test_every_rollout_worker_process_is_scraped(
+    chart: helm.Chart, production_manifests: list[Manifest], production_values: dict[str, Any]
+) -> None:
+    """Process N of `cstack worker rollouts` serves /metrics on CSTACK_RL_METRICS_PORT + N."""
+    rollouts = chart.merge_values(production_values)["rollouts"]
+    container = containers(find(production_manifests, "Deployment", "-rollouts"))[0]
+    base = int(env_of(container)["CSTACK_RL_METRICS_PORT"]["value"])
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert sorted(ports.values()) == [base + n for n in range(rollouts["concurrency"])]
+
+    service = find(production_manifests, "Service", "-rollouts")
+    monitor = find(production_manifests, "ServiceMonitor", "composer-stack")
+    scraped = {endpoint["port"] for endpoint in monitor["spec"]["endpoints"]}
+    assert {port["name"] for port in service["spec"]["ports"]} == set(ports) <= scraped
+
+    policy = find(production_manifests, "NetworkPolicy", "-workers-ingress")
+    allowed = {port["port"] for rule in policy["spec"]["ingress"] for port in rule["ports"]}
+    assert set(ports) <= allowed

@@ -182,3 +182,8 @@ Helm's maps iterate in key order, so flags come out sorted by name.
 {{- mul (int (default 1 (index $args "tensor-parallel-size"))) (int (default 1 (index $args "pipeline-parallel-size"))) -}}
 {{- end -}}
 {{- end -}}
+
+{{/* Port name of a worker process's /metrics: `metrics`, then `metrics-1`, `metrics-2`... */}}
+{{- define "composer-stack.metricsPortName" -}}
+{{- if eq (int .) 0 -}}metrics{{- else -}}{{ printf "metrics-%d" (int .) }}{{- end -}}
+{{- end -}}
