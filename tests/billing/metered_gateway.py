@@ -8,6 +8,9 @@ in; this is the same app with ``billing.meter.create_meter()`` and the webhook r
 
 from __future__ import annotations
 
+import faulthandler
+import signal
+
 import uvicorn
 
 from billing.http import router
@@ -16,6 +19,8 @@ from gateway import GatewaySettings, create_app
 
 
 def main() -> None:
+    # A test that sees a hung shutdown sends SIGUSR1 to get every thread's stack.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     settings = GatewaySettings()
     app = create_app(settings, create_meter(redis_url=settings.redis_url))
     app.include_router(router)
