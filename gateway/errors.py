@@ -87,10 +87,3 @@ async def validation_error_handler(request: Request, exc: Exception) -> Response
     param = ".".join(str(part) for part in first.get("loc", ())[1:]) or None
     message = f"{param or 'request'}: {first.get('msg', 'invalid value')}"
     return bad_request(message, param=param).response()
-
-
-async def unhandled_error_handler(request: Request, exc: Exception) -> Response:
-    """Last resort: a bug must still answer in OpenAI's shape, without internals."""
-    return GatewayError(
-        500, "internal gateway error", type="server_error", code="internal_error"
-    ).response()

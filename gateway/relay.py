@@ -170,7 +170,7 @@ class Relay:
             status, content = await until_disconnect(receive, call_upstream())
         except ClientGone:
             await self.settle(exchange, "client_disconnect", {})
-            raise
+            return client_closed_request()
         if status != 200:
             await self.settle(exchange, "upstream_error", {})
             raise upstream_error(status, content)
@@ -197,7 +197,7 @@ class Relay:
             upstream = await until_disconnect(receive, self.open(exchange, path, body))
         except ClientGone:
             await self.settle(exchange, "client_disconnect", {})
-            raise
+            return client_closed_request()
         if upstream.response.status != 200:
             try:
                 content = await upstream.response.read()
@@ -254,6 +254,11 @@ class Relay:
         finally:
             upstream.close()
             await self.settle(exchange, outcome, rewriter.usage)
+
+
+def client_closed_request() -> Response:
+    """Nobody reads it; 499 (nginx's "client closed request") is what metrics count."""
+    return Response(status_code=499)
 
 
 def upstream_error(status: int, content: bytes) -> GatewayError:
