@@ -41,6 +41,12 @@ def workloads(manifests: list[Manifest]) -> list[Manifest]:
     return [m for m in manifests if m["kind"] in {"Deployment", "StatefulSet", "Job"}]
 
 
+def component_of(workload: Manifest) -> str:
+    """The ``app.kubernetes.io/component`` label of a workload's pods."""
+    labels: dict[str, str] = workload["spec"]["template"]["metadata"]["labels"]
+    return labels["app.kubernetes.io/component"]
+
+
 def env_of(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """A container's env entries by name."""
     return {entry["name"]: entry for entry in container.get("env", [])}

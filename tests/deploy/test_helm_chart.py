@@ -207,7 +207,6 @@ def test_monitoring_objects_match_deploy_sources(production_manifests: list[Mani
         "vllm-standard",
         "vllm-fast",
         "billing-worker",
-        "billing-beat",
         "rollouts",
         "trainer",
     }

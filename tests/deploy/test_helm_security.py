@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from chart_support import (
     Manifest,
+    component_of,
     containers,
     pod_spec,
     workloads,
@@ -52,10 +53,7 @@ def test_network_policies_expose_only_the_gateway(manifests: list[Manifest]) -> 
             protected[component] = policy
     # Every pod of the release is covered by exactly one policy.
     for workload in workloads(manifests):
-        component = workload["spec"]["template"]["metadata"]["labels"][
-            "app.kubernetes.io/component"
-        ]
-        assert component in protected, component
+        assert component_of(workload) in protected, component_of(workload)
 
     open_to_all = [
         p["metadata"]["name"] for p in policies for r in p["spec"]["ingress"] if "from" not in r
@@ -66,3 +64,18 @@ def test_network_policies_expose_only_the_gateway(manifests: list[Manifest]) -> 
     assert protected["vllm-fast"] is protected["vllm-standard"]
     assert {"gateway", "trainer"} in vllm_rules
     assert all(r is None or r == {"gateway", "trainer"} for r in vllm_rules)
+
+
+def test_each_secret_reaches_only_the_process_that_uses_it(manifests: list[Manifest]) -> None:
+    holders: dict[str, set[str]] = {}
+    for workload in workloads(manifests):
+        for container in containers(workload):
+            for entry in container.get("env", []):
+                if "secretKeyRef" in entry.get("valueFrom", {}):
+                    holders.setdefault(entry["name"], set()).add(component_of(workload))
+    assert holders["CSTACK_ADMIN_TOKEN"] == {"gateway"}
+    assert holders["CSTACK_STRIPE_API_KEY"] == {"billing-worker"}
+    assert holders["CSTACK_STRIPE_WEBHOOK_SECRET"] == {"gateway"}
+    # Beat only enqueues: at most the Redis URL (which may carry a password).
+    beat_secrets = {name for name, who in holders.items() if "billing-beat" in who}
+    assert beat_secrets <= {"CSTACK_REDIS_URL"}

@@ -121,7 +121,7 @@ def test_env_names_are_settings_fields(
 def test_pricebook_is_mounted_where_billing_reads_it(default_manifests: list[Manifest]) -> None:
     configmap = find(default_manifests, "ConfigMap", "-pricebook")
     assert configmap["data"]["pricebook.yaml"] == (REPO / "billing" / "pricebook.yaml").read_text()
-    for workload in ("-gateway", "-billing-worker", "-billing-beat"):
+    for workload in ("-gateway", "-billing-worker"):
         manifest = find(default_manifests, "Deployment", workload)
         container = containers(manifest)[0]
         path = Path(env_of(container)["CSTACK_PRICEBOOK_PATH"]["value"])
