@@ -6,10 +6,10 @@ Stripe never have to re-price history with a newer price book.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from fractions import Fraction
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from billing.meter import Admission, Outcome, Tier, UsageReport
 from billing.pricing import PriceBook, charge
@@ -40,6 +40,12 @@ class UsageEvent(BaseModel):
     started_at: datetime
     ended_at: datetime
     outcome: Outcome
+
+    @field_validator("started_at", "ended_at")
+    @classmethod
+    def _utc(cls, value: datetime) -> datetime:
+        """Naive timestamps are UTC; everything is stored and compared in UTC."""
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
     @property
     def multiplier(self) -> Fraction:

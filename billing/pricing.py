@@ -7,7 +7,7 @@ event and an invoice line can never disagree about a price.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from fractions import Fraction
 from functools import lru_cache
 from pathlib import Path
@@ -84,8 +84,13 @@ def charge(
     completion_tokens: int,
     at: datetime,
 ) -> Charge:
-    """Price a request that started at ``at``. Cached tokens are part of the prompt."""
+    """Price a request that started at ``at``. Cached tokens are part of the prompt.
+
+    A naive ``at`` is taken as UTC (the gateway's clocks are UTC).
+    """
     _validate_tokens(prompt_tokens, cached_tokens, completion_tokens)
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=UTC)
     version = book.version_at(at)
     prices = version.tiers[tier]
     input_nano = (prompt_tokens - cached_tokens) * prices.input

@@ -59,7 +59,8 @@ class UsageSpool:
         count = 0
         for path in self.pending_files():
             try:
-                count += sum(1 for line in path.read_bytes().splitlines() if line.strip())
+                # Complete lines only: a torn last line (no newline) was never accepted.
+                count += path.read_bytes().count(b"\n")
             except FileNotFoundError:
                 continue
         return count

@@ -42,7 +42,8 @@ def test_200_concurrent_requests_from_two_processes_stay_within_budget(
 
     assert len(events) == admitted  # one usage event per admitted request
     assert state == {"reserved": 0, "used": spent}
-    assert spent <= cap + worst
-    # Reservations hold each request's worst case, so admitted worst cases fit the cap.
-    assert admitted * worst <= cap + worst
+    assert spent <= cap + worst  # the bound
+    # Admission reserves the whole worst case and actual usage never exceeds it here, so
+    # the org does not even go over by one request.
+    assert spent <= cap
     assert period == period_of(datetime.fromisoformat(events[0]["started_at"]))
