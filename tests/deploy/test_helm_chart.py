@@ -1,9 +1,10 @@
 """The Helm chart, rendered and linted by Helm's own engine, validated against Kubernetes;
-its values schema and secrets; the files it copies and the monitoring objects it ships."""
+its values schema and secrets; the files it links to and the monitoring objects it ships."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import helm_python as helm
@@ -26,16 +27,13 @@ KUBE_VERSION = "1.30.0"
 #: their content is checked by the tests below (promtool for the rules) instead.
 OPERATOR_KINDS = {"ServiceMonitor", "PrometheusRule"}
 
-# Every copy the chart ships next to the file it copies: Helm cannot read files outside
-# the chart directory, so these stay byte-identical instead of drifting.
-CHART_COPIES = [
+# Helm cannot read files outside the chart directory, so the chart's files/ are symlinks
+# to the repository's single copy of each (Helm follows them when rendering and packaging).
+CHART_LINKS = [
     ("files/variants.yaml", "serving/variants.yaml"),
     ("files/pricebook.yaml", "billing/pricebook.yaml"),
     ("files/prometheus/alerts.yaml", "deploy/prometheus/alerts.yaml"),
-    *[
-        (f"files/dashboards/{path.name}", f"deploy/grafana/{path.name}")
-        for path in sorted((REPO / "deploy" / "grafana").glob("*.json"))
-    ],
+    ("files/dashboards", "deploy/grafana"),
 ]
 
 
@@ -164,16 +162,11 @@ def test_template_checks_name_the_problem(chart: helm.Chart) -> None:
         assert message in str(refused.value)
 
 
-@pytest.mark.parametrize("file_in_chart, source", CHART_COPIES)
-def test_chart_copies_are_byte_identical_to_their_sources(file_in_chart: str, source: str) -> None:
-    assert (CHART / file_in_chart).read_bytes() == (REPO / source).read_bytes(), (
-        f"{file_in_chart} drifted from {source}: cp {source} helm/composer-stack/{file_in_chart}"
-    )
-
-
-def test_chart_ships_every_dashboard() -> None:
-    shipped = {p.name for p in (CHART / "files" / "dashboards").glob("*.json")}
-    assert shipped == {p.name for p in (REPO / "deploy" / "grafana").glob("*.json")}
+@pytest.mark.parametrize(("file_in_chart", "source"), CHART_LINKS)
+def test_chart_files_are_the_repositorys_own(file_in_chart: str, source: str) -> None:
+    path = CHART / file_in_chart
+    assert path.is_symlink(), f"{file_in_chart} must link to {source}, not copy it"
+    assert path.resolve() == (REPO / source).resolve()
 
 
 def test_monitoring_objects_match_deploy_sources(production_manifests: list[Manifest]) -> None:
@@ -210,3 +203,14 @@ def test_monitoring_objects_match_deploy_sources(production_manifests: list[Mani
         "rollouts",
         "trainer",
     }
+
+
+def test_packaged_chart_carries_the_linked_files(
+    chart: helm.Chart, production_values: dict[str, Any], tmp_path: Path
+) -> None:
+    """`helm package` stores the linked files' contents: the archive renders the same."""
+    archive = helm.package(str(CHART), destination=str(tmp_path))
+    with helm.Chart.load(archive) as packaged:
+        for values in (SECRET_REFERENCE, production_values):
+            expected = chart.render(values, name="cs", namespace="composer")
+            assert packaged.render(values, name="cs", namespace="composer") == expected

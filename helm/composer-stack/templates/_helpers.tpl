@@ -119,7 +119,7 @@ helm.sh/chart: {{ printf "%s-%s" $root.Chart.Name $root.Chart.Version }}
 
 {{/*
 vLLM engine arguments of a tier, as a JSON list of flags: the tier's variant from
-files/variants.yaml (a byte-identical copy of serving/variants.yaml) with the profile
+files/variants.yaml (a symlink to serving/variants.yaml) with the profile
 overlaid, a null in the profile removing an argument -- the same rules as
 serving.variants.VariantBook.cli_args, so the chart and `cstack serve` cannot drift.
 Helm's maps iterate in key order, so flags come out sorted by name.
