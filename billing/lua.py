@@ -9,19 +9,22 @@ used for comparisons only (exact below 2^53 nano-USD, about $9M per org and peri
 
 from __future__ import annotations
 
-# Keys: 1 rpm GCRA, 2 tpm GCRA, 3 org suspended, 4 customer suspended.
+# Keys: 1 the API key's rate-limit hash (GCRA states of rpm and tpm), 2 org suspended,
+#       3 customer suspended.
 # Argv: 1 rpm, 2 tpm, 3 tokens, 4 worst nano, 5 period cap nano, 6 request id,
 #       7 reservation ttl s, 8 budget key prefix.
+# Few redis.call()s on purpose: each costs a few microseconds, and this runs per request.
 ADMIT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-if redis.call('EXISTS', KEYS[3]) == 1 or redis.call('EXISTS', KEYS[4]) == 1 then
+if redis.call('EXISTS', KEYS[2], KEYS[3]) > 0 then
   return {'suspended'}
 end
 local window = 60000000
-local function gcra(key, limit, cost)
+local state = redis.call('HMGET', KEYS[1], 'rpm', 'tpm')
+local function gcra(stored, limit, cost)
   local interval = window / limit
-  local tat = tonumber(redis.call('GET', key) or '0')
+  local tat = tonumber(stored or '0')
   if tat < now then tat = now end
   local new_tat = tat + cost * interval
   return {
@@ -34,8 +37,8 @@ local function gcra(key, limit, cost)
   }
 end
 local rpm, tpm, tokens = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local req = gcra(KEYS[1], rpm, 1)
-local tok = gcra(KEYS[2], tpm, tokens)
+local req = gcra(state[1], rpm, 1)
+local tok = gcra(state[2], tpm, tokens)
 if tokens > tpm then
   return {'too_large', req[4], math.ceil(req[5]), tok[4], math.ceil(tok[5])}
 end
@@ -67,24 +70,28 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', rkey, '-inf', now, 'LIMIT', 0, 1
   redis.call('HDEL', akey, id)
   redis.call('ZREM', rkey, id)
 end
-local used = tonumber(redis.call('HGET', bkey, 'used') or '0')
-local reserved = tonumber(redis.call('HGET', bkey, 'reserved') or '0')
+local budget = redis.call('HMGET', bkey, 'used', 'reserved')
+local used = tonumber(budget[1] or '0')
+local reserved = tonumber(budget[2] or '0')
 local cap = tonumber(ARGV[5])
-if redis.call('HEXISTS', akey, ARGV[6]) == 0 then
+if redis.call('HSETNX', akey, ARGV[6], ARGV[4]) == 1 then
   if used + reserved + tonumber(ARGV[4]) > cap then
+    redis.call('HDEL', akey, ARGV[6])
     return {'quota', req[4], math.ceil(req[5]), tok[4], math.ceil(tok[5]), period}
   end
   redis.call('HINCRBY', bkey, 'reserved', ARGV[4])
-  redis.call('HSET', akey, ARGV[6], ARGV[4])
   redis.call('ZADD', rkey, now + tonumber(ARGV[7]) * 1000000, ARGV[6])
   reserved = reserved + tonumber(ARGV[4])
+  if not budget[1] and not budget[2] then
+    -- First use of this org's period: its keys outlive the month, then go.
+    local keep_s = 70 * 86400
+    redis.call('EXPIRE', bkey, keep_s)
+    redis.call('EXPIRE', akey, keep_s)
+    redis.call('EXPIRE', rkey, keep_s)
+  end
 end
-local keep_s = 70 * 86400
-redis.call('EXPIRE', bkey, keep_s)
-redis.call('EXPIRE', akey, keep_s)
-redis.call('EXPIRE', rkey, keep_s)
-redis.call('SET', KEYS[1], string.format('%d', req[1]), 'PX', 120000)
-redis.call('SET', KEYS[2], string.format('%d', tok[1]), 'PX', 120000)
+redis.call('HSET', KEYS[1], 'rpm', string.format('%d', req[1]), 'tpm', string.format('%d', tok[1]))
+redis.call('PEXPIRE', KEYS[1], 120000)
 return {'ok', req[3], math.ceil(req[1] - now), tok[3], math.ceil(tok[1] - now), period,
   string.format('%d', cap - used - reserved)}
 """

@@ -129,8 +129,7 @@ class RedisMeter:
         try:
             reply = await self._admit_script(
                 keys=[
-                    f"cstack:ratelimit:{{{request.key_id}}}:rpm",
-                    f"cstack:ratelimit:{{{request.key_id}}}:tpm",
+                    f"cstack:ratelimit:{{{request.key_id}}}",
                     suspended_org_key(request.org_id),
                     customer_key,
                 ],
