@@ -18,7 +18,7 @@ from redis import exceptions as redis_errors
 from redis.asyncio import BlockingConnectionPool, Redis
 
 from billing import metrics
-from billing.events import UsageEvent, usage_event
+from billing.events import usage_event
 from billing.headers import ratelimit_headers
 from billing.lua import ADMIT, SETTLE
 from billing.meter import Admission, AdmissionRefused, AdmissionRequest, UsageReport
@@ -209,10 +209,13 @@ class RedisMeter:
             period = admission.reservation_id.split("/", 1)[0]
         else:
             period = period_of(event.started_at)
+        # The record is what the spool keeps if Redis is down: the event serialised once.
         record = {
             "budget_prefix": budget_prefix(event.org_id),
             "period": period,
-            "event": event.model_dump(mode="json"),
+            "event_id": event.event_id,
+            "allowance_nano_usd": event.allowance_consumed_nano_usd,
+            "event": event.model_dump_json(),
         }
         try:
             await self._send(record)
@@ -227,15 +230,14 @@ class RedisMeter:
         metrics.usage_events.labels(event.tier, event.outcome).inc()
 
     async def _send(self, record: dict[str, Any]) -> None:
-        event = UsageEvent.model_validate(record["event"])
         await self._settle_script(
-            keys=[self.settings.usage_stream, f"cstack:settled:{event.event_id}"],
+            keys=[self.settings.usage_stream, f"cstack:settled:{record['event_id']}"],
             args=[
                 record["budget_prefix"],
                 record["period"],
-                event.event_id,
-                event.allowance_consumed_nano_usd,
-                event.model_dump_json(),
+                record["event_id"],
+                int(record["allowance_nano_usd"]),
+                record["event"],
                 SETTLED_MARKER_TTL_S,
             ],
         )
