@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-import aiohttp
 import pydantic_core
 from fastapi.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -25,6 +24,7 @@ from starlette.types import Receive, Scope, Send
 from billing.meter import Admission, Meter, Outcome, UsageReport
 from gateway.auth import Principal
 from gateway.errors import GatewayError, upstream_unavailable
+from gateway.http1 import UpstreamCut, UpstreamReadTimeout
 from gateway.metrics import GatewayMetrics
 from gateway.sse import StreamRewriter, error_event
 from gateway.tiers import TierRoute
@@ -33,7 +33,6 @@ from gateway.upstream import (
     UpstreamPool,
     UpstreamResponse,
     UpstreamTimeout,
-    is_read_timeout,
 )
 
 logger = logging.getLogger(__name__)
@@ -154,8 +153,8 @@ class Relay:
             upstream = await self.open(exchange, path, body)
             try:
                 return upstream.response.status, await upstream.response.read()
-            except (TimeoutError, aiohttp.ClientError) as exc:
-                timed_out = is_read_timeout(exc)
+            except (UpstreamCut, UpstreamReadTimeout) as exc:
+                timed_out = isinstance(exc, UpstreamReadTimeout)
                 self._pools[exchange.route.tier].count_error(
                     "timeout" if timed_out else "stream_cut"
                 )
@@ -201,7 +200,7 @@ class Relay:
         if upstream.response.status != 200:
             try:
                 content = await upstream.response.read()
-            except (TimeoutError, aiohttp.ClientError):
+            except (UpstreamCut, UpstreamReadTimeout):
                 content = b""
             finally:
                 upstream.close()
@@ -222,7 +221,7 @@ class Relay:
         first = True
         try:
             try:
-                async for raw in upstream.response.content.iter_any():
+                async for raw in upstream.response.iter_chunks():
                     events = rewriter.feed(raw)
                     if not events:
                         continue
@@ -232,8 +231,8 @@ class Relay:
                         self._ttft[exchange.route.tier].observe(elapsed)
                     # Events that arrived together leave together: one write, not one each.
                     await send_event(b"".join(events))
-            except (TimeoutError, aiohttp.ClientError) as exc:
-                if is_read_timeout(exc):
+            except (UpstreamCut, UpstreamReadTimeout) as exc:
+                if isinstance(exc, UpstreamReadTimeout):
                     pool.count_error("timeout")
                     message, code = "upstream timed out mid-stream", "upstream_timeout"
                 else:

@@ -1,14 +1,9 @@
 """Upstream pools: replicas of one tier, health-checked, least-outstanding balancing.
 
-One pooled client session per replica keeps connections warm. ``open`` sends a request
-and returns the response with its headers read (body not yet read); a connect error, a
-dropped connection or a 5xx before that point is retried once on another replica, which
-is safe because nothing has reached the client yet.
-
-The client is aiohttp rather than httpx: on these 2-core machines httpx spent 1.2-2.4 ms
-of CPU per proxied request (its connection pool scans every connection through anyio on
-each request) against 0.15-0.2 ms for aiohttp, and the gateway's budget is 1 ms added at
-p50 (see bench/RESULTS.md).
+One pool of keep-alive connections per replica (``gateway.http1`` says why not httpx).
+``open`` sends a request and returns the response with its head read (body not yet read);
+a connect error, a dropped connection or a 5xx before that point is retried once on
+another replica, which is safe because nothing has reached the client yet.
 """
 
 from __future__ import annotations
@@ -19,19 +14,10 @@ import itertools
 import logging
 from dataclasses import dataclass, field
 
-import aiohttp
-from yarl import URL
-
+from gateway.http1 import ConnectionPool, Response, UpstreamConnectError, UpstreamReadTimeout
 from gateway.metrics import GatewayMetrics
 
 logger = logging.getLogger(__name__)
-
-
-def is_read_timeout(exc: BaseException) -> bool:
-    """Silence past the read timeout: the request may be running upstream, never retried."""
-    return isinstance(exc, asyncio.TimeoutError) and not isinstance(
-        exc, aiohttp.ConnectionTimeoutError
-    )
 
 
 class NoUpstreamAvailable(Exception):
@@ -45,56 +31,36 @@ class UpstreamTimeout(Exception):
 @dataclass(eq=False)
 class Replica:
     url: str
-    session: aiohttp.ClientSession | None = None
+    pool: ConnectionPool | None = None
     healthy: bool = True
     outstanding: int = 0
-    #: Parsed URLs per path: parsing a URL string costs more than the rest of a send.
-    _urls: dict[str, URL] = field(default_factory=dict)
-
-    def url_for(self, path: str) -> URL:
-        url = self._urls.get(path)
-        if url is None:
-            url = self._urls[path] = URL(self.url + path)
-        return url
 
     @property
-    def client(self) -> aiohttp.ClientSession:
-        assert self.session is not None, "Upstreams.start() opens the sessions"
-        return self.session
+    def client(self) -> ConnectionPool:
+        assert self.pool is not None, "Upstreams.start() opens the pools"
+        return self.pool
 
 
 @dataclass(eq=False)
 class UpstreamResponse:
-    """An open upstream response; ``close`` frees the replica (and aborts if unread)."""
+    """An open upstream response; ``close`` frees the replica (and aborts if unfinished)."""
 
     replica: Replica
-    response: aiohttp.ClientResponse
+    response: Response
     _closed: bool = field(default=False)
 
     def close(self) -> None:
-        """Release a fully read response's connection; an unread one is closed, which is
-        what makes vLLM abort the request."""
         if not self._closed:
             self._closed = True
             self.replica.outstanding -= 1
-            if self.response.content.at_eof():
-                self.response.release()
-            else:
-                self.response.close()
+            self.response.close()
 
 
 class UpstreamPool:
     """The replicas serving one tier (a replica may also serve the other tier)."""
 
-    def __init__(
-        self,
-        tier: str,
-        replicas: list[Replica],
-        metrics: GatewayMetrics,
-        timeout: aiohttp.ClientTimeout,
-    ) -> None:
+    def __init__(self, tier: str, replicas: list[Replica], metrics: GatewayMetrics) -> None:
         self.tier = tier
-        self._timeout = timeout
         self.replicas = replicas
         self._rotation = itertools.count()
         self._errors = {
@@ -140,21 +106,21 @@ class UpstreamPool:
             tried.add(replica)
             replica.outstanding += 1
             try:
-                response = await replica.client.post(
-                    replica.url_for(path), data=content, headers=headers, timeout=self._timeout
-                )
-            except BaseException as exc:
+                response = await replica.client.request(path, content, headers)
+            except UpstreamReadTimeout:
                 replica.outstanding -= 1
-                if is_read_timeout(exc):
-                    self.count_error("timeout")
-                    raise UpstreamTimeout(f"upstream {replica.url} timed out") from None
-                if not isinstance(exc, aiohttp.ClientConnectionError):
-                    raise
+                self.count_error("timeout")
+                raise UpstreamTimeout(f"upstream {replica.url} timed out") from None
+            except UpstreamConnectError as exc:
                 # Refused, reset or dropped before any response byte: try another replica.
+                replica.outstanding -= 1
                 self._mark_down(replica)
                 self.count_error("connect")
-                last_error = f"upstream {replica.url} unreachable ({type(exc).__name__})"
+                last_error = f"upstream {replica.url} unreachable ({exc})"
                 continue
+            except BaseException:
+                replica.outstanding -= 1
+                raise
             if response.status >= 500:
                 self.count_error("status_5xx")
                 last_error = f"upstream {replica.url} answered {response.status}"
@@ -173,7 +139,7 @@ class UpstreamPool:
 
 
 class Upstreams:
-    """Every tier's pool, one client per distinct URL, and the background health checks."""
+    """Every tier's pool, one connection pool per distinct URL, background health checks."""
 
     def __init__(
         self,
@@ -186,15 +152,14 @@ class Upstreams:
         health_interval_s: float,
         health_timeout_s: float,
     ) -> None:
-        timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=connect_timeout_s, sock_read=read_timeout_s
-        )
+        self._connect_timeout_s = connect_timeout_s
+        self._read_timeout_s = read_timeout_s
         self._max_connections = max_connections
         self.replicas: dict[str, Replica] = {}
         for url in itertools.chain.from_iterable(urls_by_tier.values()):
             self.replicas.setdefault(url, Replica(url))
         self.pools = {
-            tier: UpstreamPool(tier, [self.replicas[url] for url in urls], metrics, timeout)
+            tier: UpstreamPool(tier, [self.replicas[url] for url in urls], metrics)
             for tier, urls in urls_by_tier.items()
         }
         self._health_interval_s = health_interval_s
@@ -205,15 +170,13 @@ class Upstreams:
         return all(pool.healthy_count > 0 for pool in self.pools.values())
 
     async def check_health(self) -> None:
-        timeout = aiohttp.ClientTimeout(total=self._health_timeout_s)
-
         async def probe(replica: Replica) -> None:
             try:
-                async with replica.client.get(
-                    replica.url_for("/health"), timeout=timeout
-                ) as answer:
-                    healthy = answer.status == 200
-            except (TimeoutError, aiohttp.ClientError):
+                status = await asyncio.wait_for(
+                    replica.client.get_status("/health"), self._health_timeout_s
+                )
+                healthy = status == 200
+            except (TimeoutError, UpstreamConnectError, UpstreamReadTimeout, OSError):
                 healthy = False
             if healthy != replica.healthy:
                 logger.warning("upstream %s healthy=%s", replica.url, healthy)
@@ -229,11 +192,13 @@ class Upstreams:
             await self.check_health()
 
     async def start(self) -> None:
-        """Open the sessions (they bind to the running loop) and check health once."""
+        """Open the connection pools (they bind to the running loop), check health once."""
         for replica in self.replicas.values():
-            connector = aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0)
-            replica.session = aiohttp.ClientSession(
-                connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
+            replica.pool = ConnectionPool(
+                replica.url,
+                limit=self._max_connections,
+                connect_timeout_s=self._connect_timeout_s,
+                read_timeout_s=self._read_timeout_s,
             )
         await self.check_health()
         self._health_task = asyncio.create_task(self._health_loop())
@@ -243,6 +208,6 @@ class Upstreams:
             self._health_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._health_task
-        await asyncio.gather(
-            *(r.session.close() for r in self.replicas.values() if r.session is not None)
-        )
+        for replica in self.replicas.values():
+            if replica.pool is not None:
+                replica.pool.close()

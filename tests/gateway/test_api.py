@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import httpx
@@ -182,3 +183,11 @@ def test_usage_endpoint_and_probes(http: httpx.Client) -> None:
     assert http.get("/healthz").json() == {"status": "ok"}
     ready = http.get("/readyz")
     assert ready.status_code == 200 and ready.json()["status"] == "ready"
+
+
+def test_connections_idle_past_vllms_keep_alive_are_not_reused(http: httpx.Client) -> None:
+    """vLLM's server drops idle keep-alive connections after 5 s; the next request must not
+    land on one of those (it would fail on a single-replica pool)."""
+    assert http.post("/v1/chat/completions", json=CHAT).status_code == 200
+    time.sleep(5.5)
+    assert http.post("/v1/chat/completions", json=CHAT).status_code == 200

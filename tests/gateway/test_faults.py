@@ -31,20 +31,29 @@ def test_replica_killed_during_a_run_requests_keep_succeeding(
     )
     client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=api_key, max_retries=0)
 
-    def one_request(index: int) -> str:
-        if index == 6:
-            doomed.kill()  # a crash in the middle of the run, with requests in flight
+    def one_request(max_tokens: int) -> str:
         response = client.chat.completions.create(
             model="composer-2.5-fast",
             messages=MESSAGES,  # type: ignore[arg-type]
-            max_tokens=12,
+            max_tokens=max_tokens,
             extra_body=ENDLESS,
         )
         return response.choices[0].finish_reason
 
+    def inflight() -> float:
+        metrics = httpx.get(f"{gateway.url}/metrics").text
+        return metric_value(metrics, "cstack_inflight_requests", tier="fast")
+
     with ThreadPoolExecutor(max_workers=4) as pool:
-        reasons = list(pool.map(one_request, range(24)))
-    assert reasons == ["length"] * 24
+        # Four long requests spread over both replicas by least-outstanding balancing...
+        caught = [pool.submit(one_request, 64) for _ in range(4)]
+        deadline = time.monotonic() + 30
+        while inflight() < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        doomed.kill()  # ...then a crash with two of them in flight on the doomed replica.
+        after = list(pool.map(one_request, [12] * 12))
+    assert [future.result() for future in caught] == ["length"] * 4
+    assert after == ["length"] * 12
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         metrics = httpx.get(f"{gateway.url}/metrics").text

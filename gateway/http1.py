@@ -1,0 +1,273 @@
+"""A lean pooled HTTP/1.1 client for the gateway's one upstream hop (httptools parser).
+
+The upstream hop is the gateway's hottest code: on these 2-core machines httpx spent
+1.2-2.4 ms of CPU per proxied request and aiohttp about 0.4 ms, against a 1 ms budget for
+everything the gateway adds (bench/RESULTS.md). This client does only what that hop needs:
+keep-alive connections to one origin, a POST written in one ``write``, the response head
+awaited, the body read whole or chunk by chunk as it arrives (chunked decoding by
+httptools, the parser uvicorn uses), a read timeout between bytes, and ``close`` that
+either returns a finished connection to the pool or drops an unfinished one, which is
+what tells vLLM to abort the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator
+
+import httptools
+
+#: Idle connections older than this are not reused: uvicorn (vLLM's server) closes idle
+#: keep-alive connections after 5 s, and a connection it is closing must not be picked.
+IDLE_REUSE_S = 4.0
+
+
+class UpstreamConnectError(Exception):
+    """Refused, reset or closed before the response head: safe to send elsewhere."""
+
+
+class UpstreamReadTimeout(Exception):
+    """No byte from the upstream within the read timeout."""
+
+
+class UpstreamCut(Exception):
+    """The connection ended in the middle of a response body."""
+
+
+class Response:
+    """One upstream response: status known, body still arriving."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self.status = 0
+        self.head = connection.loop.create_future()
+        self._chunks: deque[bytes] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self.complete = False
+        self.error: Exception | None = None
+        self._closed = False
+
+    # Called by the connection as bytes arrive.
+    def feed(self, chunk: bytes) -> None:
+        self._chunks.append(chunk)
+        self._wake()
+
+    def finish(self, error: Exception | None = None) -> None:
+        if error is None:
+            self.complete = True
+        elif self.error is None and not self.complete:
+            self.error = error
+            if not self.head.done():
+                self.head.set_exception(error)
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def iter_chunks(self) -> AsyncIterator[bytes]:
+        while True:
+            while self._chunks:
+                yield self._chunks.popleft()
+            if self.complete:
+                return
+            if self.error is not None:
+                raise self.error
+            self._waiter = self._connection.loop.create_future()
+            await self._waiter
+
+    async def read(self) -> bytes:
+        return b"".join([chunk async for chunk in self.iter_chunks()])
+
+    def close(self) -> None:
+        """Back to the pool if the exchange finished cleanly, else drop the connection."""
+        if not self._closed:
+            self._closed = True
+            self._connection.release(reusable=self.complete and self.error is None)
+
+
+class Connection(asyncio.Protocol):
+    def __init__(self, pool: ConnectionPool) -> None:
+        self.pool = pool
+        self.loop = pool.loop
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.response: Response | None = None
+        self.alive = True
+        self.idle_since = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+
+    def send(self, request: bytes) -> Response:
+        assert self.transport is not None
+        self.response = Response(self)
+        self._arm_timer()
+        self.transport.write(request)
+        return self.response
+
+    def release(self, reusable: bool) -> None:
+        self._disarm_timer()
+        self.response = None
+        if reusable and self.alive and self.parser.should_keep_alive():
+            self.pool.put_back(self)
+        else:
+            self.abort()
+
+    def abort(self) -> None:
+        self.alive = False
+        self._disarm_timer()
+        if self.transport is not None:
+            self.transport.abort()
+        self.pool.forget(self)
+
+    def _arm_timer(self) -> None:
+        self._disarm_timer()
+        self._timer = self.loop.call_later(self.pool.read_timeout_s, self._timed_out)
+
+    def _disarm_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _timed_out(self) -> None:
+        if self.response is not None:
+            self.response.finish(UpstreamReadTimeout(f"no byte for {self.pool.read_timeout_s}s"))
+        self.abort()
+
+    # asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        if self.response is None:
+            self.abort()  # bytes nobody asked for: the connection cannot be trusted
+            return
+        self._arm_timer()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self.response.finish(UpstreamCut(f"malformed upstream response: {exc}"))
+            self.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.alive = False
+        self._disarm_timer()
+        self.pool.forget(self)
+        response = self.response
+        if response is not None and not response.complete:
+            if response.head.done():
+                response.finish(UpstreamCut("upstream closed the connection mid-response"))
+            else:
+                response.finish(UpstreamConnectError("upstream closed the connection"))
+
+    # httptools callbacks
+    def on_headers_complete(self) -> None:
+        assert self.response is not None
+        self.response.status = self.parser.get_status_code()
+        if not self.response.head.done():
+            self.response.head.set_result(None)
+
+    def on_body(self, body: bytes) -> None:
+        assert self.response is not None
+        self.response.feed(body)
+
+    def on_message_complete(self) -> None:
+        assert self.response is not None
+        self._disarm_timer()
+        self.response.finish()
+
+
+class ConnectionPool:
+    """Keep-alive connections to one origin (``http://host:port``), at most ``limit``."""
+
+    def __init__(
+        self, url: str, *, limit: int, connect_timeout_s: float, read_timeout_s: float
+    ) -> None:
+        scheme, _, hostport = url.partition("://")
+        if scheme != "http":
+            raise ValueError(f"upstream {url!r}: only http:// upstreams are supported")
+        host, _, port = hostport.rstrip("/").rpartition(":")
+        self.host, self.port = (host, int(port)) if host else (hostport.rstrip("/"), 80)
+        self.host_header = hostport.rstrip("/").encode()
+        self.loop = asyncio.get_running_loop()
+        self.read_timeout_s = read_timeout_s
+        self._connect_timeout_s = connect_timeout_s
+        self._idle: list[Connection] = []
+        self._open: set[Connection] = set()
+        self._slots = asyncio.Semaphore(limit)
+
+    async def request(self, path: str, body: bytes, headers: dict[str, str]) -> Response:
+        """POST and wait for the response head (the body is read from the response)."""
+        head = [f"POST {path} HTTP/1.1\r\nhost: ".encode(), self.host_header, b"\r\n"]
+        for name, value in headers.items():
+            head.append(f"{name}: {value}\r\n".encode())
+        head.append(b"content-length: %d\r\n\r\n" % len(body))
+        request = b"".join(head) + body
+        connection, reused = await self._acquire()
+        response = connection.send(request)
+        try:
+            await response.head
+        except UpstreamConnectError:
+            response.close()
+            if not reused:
+                raise
+            # A kept-alive connection the server closed just as it was reused: the request
+            # never reached the application, so one fresh connection may carry it.
+            connection, _ = await self._acquire(fresh=True)
+            response = connection.send(request)
+            try:
+                await response.head
+            except BaseException:
+                response.close()
+                raise
+        except BaseException:
+            response.close()
+            raise
+        return response
+
+    async def get_status(self, path: str) -> int:
+        """A GET whose body is discarded (health checks)."""
+        connection, _ = await self._acquire()
+        request = b"GET " + path.encode() + b" HTTP/1.1\r\nhost: " + self.host_header + b"\r\n\r\n"
+        response = connection.send(request)
+        try:
+            await response.head
+            await response.read()
+            return response.status
+        finally:
+            response.close()
+
+    async def _acquire(self, fresh: bool = False) -> tuple[Connection, bool]:
+        """A connection and whether it was reused from the idle list."""
+        now = self.loop.time()
+        while self._idle and not fresh:
+            connection = self._idle.pop()
+            if connection.alive and now - connection.idle_since < IDLE_REUSE_S:
+                return connection, True
+            connection.abort()
+        await self._slots.acquire()
+        connection = Connection(self)
+        try:
+            await asyncio.wait_for(
+                self.loop.create_connection(lambda: connection, self.host, self.port),
+                self._connect_timeout_s,
+            )
+        except (OSError, TimeoutError) as exc:
+            self._slots.release()
+            raise UpstreamConnectError(f"cannot connect: {type(exc).__name__}") from exc
+        self._open.add(connection)
+        return connection, False
+
+    def put_back(self, connection: Connection) -> None:
+        connection.idle_since = self.loop.time()
+        self._idle.append(connection)
+
+    def forget(self, connection: Connection) -> None:
+        if connection in self._open:
+            self._open.discard(connection)
+            self._slots.release()
+
+    def close(self) -> None:
+        for connection in list(self._open):
+            connection.abort()
+        self._idle.clear()
