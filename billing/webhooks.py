@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import stripe
+from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 from sqlalchemy import Connection, Engine, select
 
@@ -125,3 +126,24 @@ class WebhookService:
             await pipe.execute()
         new = await asyncio.to_thread(self._record, event, org_id, suspended)
         return WebhookOutcome(event_id, event_type, duplicate=not new, org_id=org_id)
+
+
+def restore_suspensions(engine: Engine, redis: SyncRedis) -> int:
+    """Re-assert every suspended org in Redis from the ledger's durable record.
+
+    Admission reads suspension from Redis only; after a Redis restart without persistence
+    this puts it back. Returns how many orgs are suspended.
+    """
+    with engine.connect() as connection:
+        rows = connection.execute(
+            select(OrgSuspension.org_id, OrgSuspension.customer_id).where(
+                OrgSuspension.suspended.is_(True)
+            )
+        ).all()
+    pipe = redis.pipeline(transaction=False)
+    for org_id, customer_id in rows:
+        pipe.set(suspended_org_key(org_id), "restored")
+        if customer_id:
+            pipe.set(suspended_customer_key(customer_id), "restored")
+    pipe.execute()
+    return len(rows)

@@ -21,6 +21,7 @@ from billing.ledger import make_engine, migrate
 from billing.pricing import pricebook_from_path
 from billing.settings import BillingSettings
 from billing.stripe_sync import sync_stripe
+from billing.webhooks import restore_suspensions
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,11 @@ def make_celery(settings: BillingSettings) -> Celery:
                 "schedule": drain_every,
                 # A backlog of drain requests is pointless: one drain empties the stream.
                 "options": {"expires": max(5.0, 5 * drain_every)},
+            },
+            "restore-suspensions": {
+                "task": "billing.restore_suspensions",
+                "schedule": 60.0,
+                "options": {"expires": 60.0},
             },
             "sync-stripe": {
                 "task": "billing.sync_stripe",
@@ -80,6 +86,11 @@ def drain_usage_stream() -> dict[str, Any]:
     consumer = UsageStreamConsumer(redis(), ledger(), settings)
     result = consumer.drain(max_seconds=max(5.0, 5 * settings.ledger_drain_interval_s))
     return asdict(result)
+
+
+@celery_app.task(name="billing.restore_suspensions")
+def restore_suspensions_task() -> dict[str, Any]:
+    return {"suspended": restore_suspensions(ledger(), redis())}
 
 
 @celery_app.task(name="billing.sync_stripe")
