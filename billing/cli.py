@@ -45,10 +45,8 @@ def invoice_preview(
     except (PriceBookError, ValueError) as exc:
         _fail(str(exc))
     except SQLAlchemyError as exc:
-        _fail(
-            f"cannot read the ledger: {exc.__class__.__name__}: {exc.args[0] if exc.args else ''}"
-        )
-        return
+        # The driver's message may contain the URL (with a password): never print it.
+        _fail(f"cannot read the ledger ({type(exc).__name__}); check CSTACK_LEDGER_URL")
     typer.echo(preview.render())
 
 
@@ -68,10 +66,17 @@ def worker_billing(
 ) -> None:
     """Run the billing worker: usage stream -> ledger, ledger -> Stripe."""
     from prometheus_client import start_http_server
+    from redis.exceptions import RedisError
+    from sqlalchemy.exc import SQLAlchemyError
 
     from billing.worker import celery_app, prepare, settings
 
-    prepare()
+    try:
+        prepare()
+    except (RedisError, OSError) as exc:
+        _fail(f"cannot reach Redis at CSTACK_REDIS_URL ({type(exc).__name__})")
+    except SQLAlchemyError as exc:
+        _fail(f"cannot prepare the ledger ({type(exc).__name__}); check CSTACK_LEDGER_URL")
     if settings.metrics_port:
         start_http_server(settings.metrics_port)
     celery_app.worker_main(
