@@ -16,6 +16,9 @@ def rl(
     task: list[str] = typer.Option(
         [], "--task", help="Task ids (coding: folders in the task dir)."
     ),
+    task_dir: Path = typer.Option(
+        Path(".cstack/tasks"), help="Where `cstack tasks build --out` wrote the coding tasks."
+    ),
     group_size: int = typer.Option(4, help="Rollouts per task per GRPO group."),
     groups_per_step: int = typer.Option(2, help="Task groups per optimizer step."),
     feedback: bool = typer.Option(True, help="Targeted text feedback (hint KL)."),
@@ -36,10 +39,18 @@ def rl(
         raise typer.BadParameter("must be digits or coding", param_hint="--environment")
     if environment == "coding" and not task:
         raise typer.BadParameter("coding needs --task ids from `cstack tasks build`")
+    missing = [
+        t for t in task if environment == "coding" and not (task_dir / t / "task.json").is_file()
+    ]
+    if missing:
+        raise typer.BadParameter(
+            f"no task.json for {missing[0]!r} in {task_dir}", param_hint="--task"
+        )
     config = SessionConfig(
         steps=steps, environment=environment, task_ids=tuple(task), group_size=group_size,
         groups_per_step=groups_per_step, feedback=feedback, model=model, workers=workers,
         max_tokens=max_tokens, lr=lr, seed=seed, out=out, run_id=uuid.uuid4().hex[:8],
+        task_dir=task_dir.resolve(),
     )  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     report_path = out / "steps.jsonl"

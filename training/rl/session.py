@@ -31,6 +31,7 @@ class SessionConfig:
     seed: int
     out: Path
     run_id: str
+    task_dir: Path
 
 
 def _table(config: SessionConfig, history: list[StepReport], status: str) -> Table:
@@ -93,7 +94,7 @@ class RlSession:
             "CSTACK_REDIS_URL": redis_url, "CSTACK_RL_POLICY_URL": f"{engine_url}/v1",
             "CSTACK_RL_ROLLOUT_QUEUE": queue, "CSTACK_RL_TRAJECTORY_STREAM": stream,
             "CSTACK_RL_MAX_TOKENS": str(c.max_tokens), "OMP_NUM_THREADS": "1",
-            "CSTACK_RL_TASK_DIR": str(settings.rl_task_dir.resolve()),
+            "CSTACK_RL_TASK_DIR": str(c.task_dir),
         }  # fmt: skip
         show("starting rollout workers")
         start_workers(self.stack, worker_env, c.workers, logs)
