@@ -267,10 +267,16 @@ class RedisMeter:
         from billing.summary import usage_summary
 
         if self._ledger is None:
-            from billing.ledger import make_engine
-
-            self._ledger = make_engine(self.settings.ledger_url)
+            self._ledger = await asyncio.to_thread(self._open_ledger)
         return await asyncio.to_thread(usage_summary, self._ledger, org_id, start, end)
+
+    def _open_ledger(self) -> Any:
+        """The ledger engine, schema at head (a fresh deployment may not have run a worker)."""
+        from billing.ledger import make_engine, migrate
+
+        engine = make_engine(self.settings.ledger_url)
+        migrate(engine)
+        return engine
 
     async def aclose(self) -> None:
         try:
