@@ -7,7 +7,8 @@ the upstream. It then sends identical requests, alternately direct and via the g
 
 1. paced at --rate requests/s (open loop, latency measured from the scheduled send time
    so queueing counts): p50/p99 latency each way and the added p50/p99;
-2. closed loop at --concurrency: throughput each way and the ratio;
+2. closed loop at the concurrency that runs the direct path at --rate (rate x the
+   upstream's answer time): throughput each way and the ratio;
 
 for non-streaming requests and for short streams (time to first event and to the end).
 With --vllm-url it also compares time-to-first-token against a real vLLM at low load.
@@ -239,13 +240,9 @@ def free_port() -> int:
 
 
 def start_process(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        args,
-        cwd=ROOT,
-        env={**os.environ, **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    # stderr stays on the terminal (errors show); stdout is never read, so not a pipe.
+    env = {**os.environ, **(env or {})}
+    return subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
 
 
 def wait_http(url: str, timeout_s: float = 60) -> None:
@@ -398,52 +395,41 @@ def main() -> None:
     processes: list[subprocess.Popen[bytes]] = []
     try:
         upstream_port, gateway_port = free_port(), free_port()
-        processes.append(
-            start_process(
-                [
-                    sys.executable,
-                    __file__,
-                    "--serve-upstream",
-                    str(upstream_port),
-                    "--upstream-delay-ms",
-                    str(args.upstream_delay_ms),
-                ]
-            )
-        )
+        delay = str(args.upstream_delay_ms)
+        upstream = [sys.executable, __file__, "--serve-upstream", str(upstream_port)]
+        processes.append(start_process([*upstream, "--upstream-delay-ms", delay]))
         wait_http(f"http://127.0.0.1:{upstream_port}/health")
         env = {
             "CSTACK_REDIS_URL": str(valkey.connection_url),
             "CSTACK_UPSTREAM_URL": f"http://127.0.0.1:{upstream_port}",
             "CSTACK_LOG_LEVEL": "warning",
         }
-        processes.append(
-            start_process(
-                [sys.executable, "-m", "deploy.cli", "gateway", "--port", str(gateway_port)], env
-            )
-        )
-        wait_http(f"http://127.0.0.1:{gateway_port}/readyz")
+        processes.append(start_gateway(gateway_port, env))
         key = make_key(str(valkey.connection_url))
-        print(
-            f"gateway overhead benchmark: {os.cpu_count()} CPUs, load avg {os.getloadavg()[0]:.1f}"
-        )
+        load = os.getloadavg()[0]
+        print(f"gateway overhead benchmark: {os.cpu_count()} CPUs, load avg {load:.1f}")
         run_event_loop(benchmark(args, key, upstream_port, gateway_port, processes[-1].pid))
         if args.vllm_url:
             processes[-1].terminate()
             processes[-1].wait()
-            env["CSTACK_UPSTREAM_URL"] = args.vllm_url
             processes.append(
-                start_process(
-                    [sys.executable, "-m", "deploy.cli", "gateway", "--port", str(gateway_port)],
-                    env,
-                )
+                start_gateway(gateway_port, {**env, "CSTACK_UPSTREAM_URL": args.vllm_url})
             )
-            wait_http(f"http://127.0.0.1:{gateway_port}/readyz")
             run_event_loop(vllm_ttft(args, key, gateway_port, processes[-1].pid))
     finally:
         for process in processes:
             process.terminate()
             process.wait(timeout=10)
         valkey.stop()
+
+
+def start_gateway(port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """The real `cstack gateway` (billing off), as `cstack up` starts it."""
+    process = start_process(
+        [sys.executable, "-m", "deploy.cli", "gateway", "--port", str(port)], env
+    )
+    wait_http(f"http://127.0.0.1:{port}/readyz")
+    return process
 
 
 def run_event_loop(main_coroutine: Awaitable[None]) -> None:
