@@ -71,8 +71,8 @@ def ledger_url(request: pytest.FixtureRequest, tmp_path: Path, postgres_url: str
     try:
         with admin.begin() as connection:
             connection.execute(text(f'CREATE SCHEMA "{schema}"'))
-    except Exception as exc:  # no PostgreSQL here: say so instead of failing obscurely
-        pytest.skip(f"PostgreSQL at {postgres_url} is not reachable: {exc.__class__.__name__}")
+    except Exception as exc:  # CI provides PostgreSQL: its absence is a failure, said plainly
+        pytest.fail(f"PostgreSQL at {postgres_url} is not reachable: {exc.__class__.__name__}")
     separator = "&" if "?" in postgres_url else "?"
     yield f"{postgres_url}{separator}options=-csearch_path%3D{schema}"
     with admin.begin() as connection:
