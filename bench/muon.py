@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -47,13 +46,14 @@ def device() -> torch.device:
 
 
 def timed(fn: Callable[[], Any], repeats: int) -> float:
-    """Median seconds of ``repeats`` calls after one warm-up."""
+    """Best of ``repeats`` calls after one warm-up."""
     return timed_interleaved([fn], repeats)[0]
 
 
 def timed_interleaved(fns: list[Callable[[], Any]], repeats: int) -> list[float]:
-    """Median seconds per function, the functions taking turns so that a shared machine's
-    changing load hits every variant alike."""
+    """Best-of-``repeats`` seconds per function. The functions take turns so that a shared
+    machine's changing load hits every variant alike, and the minimum is the estimate least
+    inflated by other processes' load."""
     samples: list[list[float]] = [[] for _ in fns]
     for fn in fns:
         fn()
@@ -66,7 +66,7 @@ def timed_interleaved(fns: list[Callable[[], Any]], repeats: int) -> list[float]
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             samples[index].append(time.perf_counter() - start)
-    return [statistics.median(s) for s in samples]
+    return [min(s) for s in samples]
 
 
 # -- (a) batched per-head / per-expert Newton-Schulz vs a per-matrix loop -------------------

@@ -22,6 +22,8 @@ _EXPORTS = {
     "LossFn": "training.losses",
     "LossTerms": "training.losses",
     "cross_entropy_loss": "training.losses",
+    "token_logprobs": "training.losses",
+    "StepStats": "training.trainer",
 }
 
 __all__ = [
@@ -33,20 +35,22 @@ __all__ = [
     "MuonConfig",
     "NewtonSchulzConfig",
     "ParallelConfig",
+    "StepStats",
     "Trainer",
     "TrainerConfig",
     "build_optimizer",
     "cross_entropy_loss",
+    "token_logprobs",
 ]
 
 if TYPE_CHECKING:
-    from training.losses import LossFn, LossTerms, cross_entropy_loss
+    from training.losses import LossFn, LossTerms, cross_entropy_loss, token_logprobs
     from training.mesh import ParallelConfig
     from training.model import DeepseekV3Model
     from training.model_config import ModelConfig
     from training.muon import Muon, MuonConfig, build_optimizer
     from training.newton_schulz import NewtonSchulzConfig
-    from training.trainer import Trainer
+    from training.trainer import StepStats, Trainer
     from training.trainer_config import TrainerConfig
 
 

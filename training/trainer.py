@@ -47,7 +47,15 @@ def seed_everything(seed: int) -> None:
 
 
 class Trainer:
-    """``Trainer(config, loss_fn).fit()``; or drive ``train_step(batch)`` yourself (RL)."""
+    """``Trainer(config, loss_fn).fit()`` for supervised runs; RL drives the steps itself.
+
+    RL objectives plug in as the loss hook (training.losses): every rank calls
+    ``train_step(batch)`` with the same *global* batch, a dict of ``[batch, seq]`` tensors
+    (``input_ids``, ``labels`` shifted with -100 where no loss applies, and any per-token
+    fields the hook reads, e.g. ``advantages``, ``old_logprobs``, ``ref_logprobs``); the
+    trainer cuts out this rank's samples and sequence chunk and hands them to the hook.
+    ``export(path)`` then writes HF weights for serving, ``save()`` a DCP checkpoint.
+    """
 
     def __init__(self, config: TrainerConfig, loss_fn: LossFn = cross_entropy_loss) -> None:
         if not dist.is_initialized():
@@ -184,9 +192,8 @@ class Trainer:
                 and stats.step % cfg.checkpoint_every == 0
             ):
                 self.save()
-        if cfg.checkpoint_dir and not (
-            cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0
-        ):
+        saved_last = cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0
+        if cfg.checkpoint_dir and history and not saved_last:
             self.save()
         if cfg.export_dir is not None:
             self.export(cfg.export_dir)

@@ -148,3 +148,17 @@ def test_bf16_autocast_stays_close_to_fp32(tiny_model: Path) -> None:
             half = model(ids)
     assert half.dtype == torch.bfloat16
     assert _relative_error(half.float(), full) < 5e-2
+
+
+def test_token_logprobs_for_loss_hooks() -> None:
+    from training.losses import IGNORE_INDEX, cross_entropy_loss, token_logprobs
+
+    logits = torch.randn(2, 5, 11, generator=torch.Generator().manual_seed(0))
+    labels = torch.tensor([[1, 2, 3, IGNORE_INDEX, 4], [0, 10, IGNORE_INDEX, 5, 6]])
+    logprobs = token_logprobs(logits, labels)
+    manual = torch.log_softmax(logits, -1)[0, 1, 2]
+    assert logprobs[0, 1] == pytest.approx(float(manual))
+    assert logprobs[0, 3] == 0 and logprobs[1, 2] == 0
+    terms = cross_entropy_loss(logits, {"labels": labels})
+    assert int(terms.tokens) == 8
+    assert float(terms.loss_sum) == pytest.approx(float(-logprobs.sum()), rel=1e-6)

@@ -60,6 +60,17 @@ def _check_step(world: int, parallel: ParallelConfig) -> None:
     batch = RandomTokens(SMALL.vocab_size, config.seed).batch(0, config.batch_size, config.seq_len)
     expected = _reference(config, batch)
 
+    # Extra per-token fields (what an RL loss hook reads) follow the tokens' split;
+    # per-sample fields follow the samples only.
+    advantages = torch.arange(32, dtype=torch.float).view(4, 8)
+    local = trainer.local_batch({**batch, "advantages": advantages, "weight": torch.arange(4)})
+    per_rank, chunk = 4 // parallel.data_parallel, 8 // parallel.cp
+    first, offset = trainer.meshes.dp_rank * per_rank, trainer.meshes.context.get_local_rank("cp")
+    expected_adv = advantages[first : first + per_rank, offset * chunk : (offset + 1) * chunk]
+    assert torch.equal(local["advantages"], expected_adv)
+    assert torch.equal(local["weight"], torch.arange(4)[first : first + per_rank])
+    assert torch.equal(local["positions"][0], torch.arange(offset * chunk, (offset + 1) * chunk))
+
     loss, tokens = trainer.forward_backward(batch)
     assert tokens == config.batch_size * config.seq_len
     assert loss == pytest.approx(expected["loss"], rel=1e-5)
