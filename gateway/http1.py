@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
 
 import httptools
 
@@ -183,12 +184,11 @@ class ConnectionPool:
     def __init__(
         self, url: str, *, limit: int, connect_timeout_s: float, read_timeout_s: float
     ) -> None:
-        scheme, _, hostport = url.partition("://")
-        if scheme != "http":
-            raise ValueError(f"upstream {url!r}: only http:// upstreams are supported")
-        host, _, port = hostport.rstrip("/").rpartition(":")
-        self.host, self.port = (host, int(port)) if host else (hostport.rstrip("/"), 80)
-        self.host_header = hostport.rstrip("/").encode()
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname or parts.path not in ("", "/"):
+            raise ValueError(f"upstream {url!r}: expected http://host[:port] (no path)")
+        self.host, self.port = parts.hostname, parts.port or 80
+        self.host_header = parts.netloc.encode()
         self.loop = asyncio.get_running_loop()
         self.read_timeout_s = read_timeout_s
         self._connect_timeout_s = connect_timeout_s

@@ -16,6 +16,7 @@ sends none. ``CSTACK_SEND_TIER_PRIORITY`` forces this either way.
 from __future__ import annotations
 
 from typing import Annotated
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -73,6 +74,15 @@ class GatewaySettings(BaseSettings):
     def _split_commas(cls, value: object) -> object:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("upstream_url", "fast_upstream_urls", "standard_upstream_urls")
+    @classmethod
+    def _http_origins(cls, value: str | list[str]) -> str | list[str]:
+        for url in [value] if isinstance(value, str) else value:
+            parts = urlsplit(url)
+            if parts.scheme != "http" or not parts.hostname or parts.path not in ("", "/"):
+                raise ValueError(f"{url!r} is not an http://host[:port] upstream (no path)")
         return value
 
     def upstreams_for(self, tier: str) -> list[str]:
