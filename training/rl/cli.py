@@ -27,6 +27,9 @@ def rl(
     max_tokens: int = typer.Option(32, help="Max tokens per model turn."),
     lr: float = typer.Option(0.02, help="Muon learning rate (AdamW parts: lr / 10)."),
     seed: int = typer.Option(0, help="Seed of the trainer and the tiny checkpoint."),
+    metrics_port: int | None = typer.Option(
+        None, help="Serve trainer and staleness metrics here; workers use the next ports."
+    ),
     out: Path = typer.Option(Path(".cstack/rl"), help="Weights, logs and the step report."),
 ) -> None:
     """Run Valkey, a vLLM engine, rollout workers and the trainer; train with GRPO."""
@@ -50,7 +53,7 @@ def rl(
         steps=steps, environment=environment, task_ids=tuple(task), group_size=group_size,
         groups_per_step=groups_per_step, feedback=feedback, model=model, workers=workers,
         max_tokens=max_tokens, lr=lr, seed=seed, out=out, run_id=uuid.uuid4().hex[:8],
-        task_dir=task_dir.resolve(),
+        task_dir=task_dir.resolve(), metrics_port=metrics_port,
     )  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     report_path = out / "steps.jsonl"

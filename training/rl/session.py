@@ -32,6 +32,7 @@ class SessionConfig:
     out: Path
     run_id: str
     task_dir: Path
+    metrics_port: int | None = None
 
 
 def _table(config: SessionConfig, history: list[StepReport], status: str) -> Table:
@@ -95,6 +96,7 @@ class RlSession:
             "CSTACK_RL_ROLLOUT_QUEUE": queue, "CSTACK_RL_TRAJECTORY_STREAM": stream,
             "CSTACK_RL_MAX_TOKENS": str(c.max_tokens), "OMP_NUM_THREADS": "1",
             "CSTACK_RL_TASK_DIR": str(c.task_dir),
+            **({"CSTACK_RL_METRICS_PORT": str(c.metrics_port + 1)} if c.metrics_port else {}),
         }  # fmt: skip
         show("starting rollout workers")
         start_workers(self.stack, worker_env, c.workers, logs)
@@ -110,7 +112,8 @@ class RlSession:
                           feedback=replace(feedback, enabled=c.feedback))  # fmt: skip
         trainer = Trainer(
             TrainerConfig(model_path=Path(model), seed=c.seed, batch_size=1, seq_len=1,
-                          grad_clip=1.0, optimizer=MuonConfig(lr=c.lr, adamw_lr=c.lr / 10)),
+                          grad_clip=1.0, optimizer=MuonConfig(lr=c.lr, adamw_lr=c.lr / 10),
+                          metrics_port=c.metrics_port),
             loss_fn=grpo_loss_hook(grpo),
         )  # fmt: skip
         client = redis.Redis.from_url(redis_url)

@@ -61,13 +61,16 @@ def start_engine(stack: ExitStack, model: Path, log_dir: Path, timeout_s: float)
 def start_workers(stack: ExitStack, env: dict[str, str], count: int, log_dir: Path) -> None:
     """Rollout workers as separate processes, as in production (`cstack worker rollouts`)."""
     for index in range(count):
+        own = dict(env)
+        if "CSTACK_RL_METRICS_PORT" in env:  # one /metrics port per worker process
+            own["CSTACK_RL_METRICS_PORT"] = str(int(env["CSTACK_RL_METRICS_PORT"]) + index)
         log = (log_dir / f"rollout-worker-{index}.log").open("wb")
         proc = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "training.rollouts.worker:celery_app",
              "worker", "--concurrency=1", "--pool=prefork", "--without-gossip",
              "--without-mingle", "--loglevel=info", f"-Q{env['CSTACK_RL_ROLLOUT_QUEUE']}",
              f"--hostname=rollouts{index}@%h"],
-            env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
+            env={**os.environ, **own}, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
 

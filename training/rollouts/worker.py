@@ -63,7 +63,10 @@ def _serve_metrics(**_: object) -> None:
         from celery import current_process
 
         index = getattr(current_process(), "index", 0) or 0
-        start_http_server(settings.rl_metrics_port + index)
+        try:
+            start_http_server(settings.rl_metrics_port + index)
+        except OSError as err:  # a taken port must not stop rollouts
+            logger.warning("no /metrics on port %s: %s", settings.rl_metrics_port + index, err)
 
 
 @cache
