@@ -3,6 +3,7 @@ a client hanging up mid-stream (vLLM must abort the request)."""
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -145,3 +146,25 @@ def test_client_disconnect_mid_stream_aborts_in_vllm(
     assert vllm_metric("vllm:num_requests_running") == 0
     generated = vllm_metric("vllm:generation_tokens_total") - tokens_before
     assert usage.completion_tokens <= generated < 1500
+
+
+def test_silent_upstream_times_out_with_a_504(
+    start_gateway: Callable[..., GatewayServer], api_key: str
+) -> None:
+    """An upstream that accepts connections and never answers (a hung engine)."""
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(64)  # the kernel completes handshakes; nobody ever reads or answers
+        url = f"http://127.0.0.1:{hung.getsockname()[1]}"
+        gateway = start_gateway(upstream_url=url, read_timeout_s=1.0, health_timeout_s=0.5)
+        assert httpx.get(f"{gateway.url}/readyz").status_code == 503
+        response = httpx.post(
+            f"{gateway.url}/v1/chat/completions",
+            json={"model": "composer-2.5", "messages": MESSAGES, "max_tokens": 2},
+            headers={"authorization": f"Bearer {api_key}"},
+            timeout=30,
+        )
+    assert response.status_code == 504
+    assert response.json()["error"]["code"] == "upstream_unavailable"
+    metrics = httpx.get(f"{gateway.url}/metrics").text
+    assert metric_value(metrics, "cstack_upstream_errors_total", tier="fast", kind="timeout") == 1
