@@ -30,6 +30,13 @@ def rl(
     metrics_port: int | None = typer.Option(
         None, help="Serve trainer and staleness metrics here; workers use the next ports."
     ),
+    redis_url: str = typer.Option("", help="Use this Redis instead of starting Valkey."),
+    engine_url: list[str] = typer.Option(
+        [], "--engine-url", help="Use these running vLLM engines (dev mode) instead of one."
+    ),
+    policy_url: str = typer.Option(
+        "", help="Rollouts call the policy here, e.g. the gateway's /v1 (key: CSTACK_RL_API_KEY)."
+    ),
     out: Path = typer.Option(Path(".cstack/rl"), help="Weights, logs and the step report."),
 ) -> None:
     """Run Valkey, a vLLM engine, rollout workers and the trainer; train with GRPO."""
@@ -53,7 +60,8 @@ def rl(
         steps=steps, environment=environment, task_ids=tuple(task), group_size=group_size,
         groups_per_step=groups_per_step, feedback=feedback, model=model, workers=workers,
         max_tokens=max_tokens, lr=lr, seed=seed, out=out, run_id=uuid.uuid4().hex[:8],
-        task_dir=task_dir.resolve(), metrics_port=metrics_port,
+        task_dir=task_dir.resolve(), metrics_port=metrics_port, redis_url=redis_url,
+        engine_urls=tuple(engine_url), policy_url=policy_url,
     )  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     report_path = out / "steps.jsonl"

@@ -33,6 +33,9 @@ class SessionConfig:
     run_id: str
     task_dir: Path
     metrics_port: int | None = None
+    redis_url: str = ""
+    engine_urls: tuple[str, ...] = ()
+    policy_url: str = ""
 
 
 def _table(config: SessionConfig, history: list[StepReport], status: str) -> Table:
@@ -84,15 +87,22 @@ class RlSession:
             live.update(_table(c, history, text))
 
         model = c.model or build_tiny_checkpoint(c.out / "model", seed=c.seed)
-        show("starting valkey")
-        redis_url = start_valkey(self.stack)
-        show("starting vLLM (dev mode, about 2 minutes on CPU)")
-        engine_url = start_engine(self.stack, model, logs, timeout_s=900)
+        if c.redis_url:
+            redis_url = c.redis_url
+        else:
+            show("starting valkey")
+            redis_url = start_valkey(self.stack)
+        if c.engine_urls:
+            engine_urls = list(c.engine_urls)
+        else:
+            show("starting vLLM (dev mode, about 2 minutes on CPU)")
+            engine_urls = [start_engine(self.stack, model, logs, timeout_s=900)]
+        policy_url = c.policy_url or f"{engine_urls[0]}/v1"
         queue, stream = f"rollouts-{c.run_id}", f"cstack:rl:{c.run_id}:trajectories"
         settings = TrainingSettings(redis_url=redis_url, rl_rollout_queue=queue,
                                     rl_trajectory_stream=stream)  # fmt: skip
         worker_env = {
-            "CSTACK_REDIS_URL": redis_url, "CSTACK_RL_POLICY_URL": f"{engine_url}/v1",
+            "CSTACK_REDIS_URL": redis_url, "CSTACK_RL_POLICY_URL": policy_url,
             "CSTACK_RL_ROLLOUT_QUEUE": queue, "CSTACK_RL_TRAJECTORY_STREAM": stream,
             "CSTACK_RL_MAX_TOKENS": str(c.max_tokens), "OMP_NUM_THREADS": "1",
             "CSTACK_RL_TASK_DIR": str(c.task_dir),
@@ -125,7 +135,7 @@ class RlSession:
         tokenizer = Tokenizer.from_file(str(Path(model) / "tokenizer.json"))
         pad_id = tokenizer.token_to_id("<|pad|>") or 0
         loop = RlLoop(
-            trainer, consumer, gate, VllmWeightSync([engine_url], gate),
+            trainer, consumer, gate, VllmWeightSync(engine_urls, gate),
             submit=lambda request: app.send_task(TASK_NAME, args=[request.model_dump()],
                                                  queue=queue),
             config=LoopConfig(
