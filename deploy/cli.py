@@ -24,6 +24,12 @@ app.command("up")(up)
 
 # --- commands contributed by the other packages (one block each) ---
 
+from billing.cli import beat, billing_app, worker_billing  # noqa: E402
+
+app.add_typer(billing_app, name="billing")
+worker_app.command("billing")(worker_billing)
+app.command("beat")(beat)
+
 from training.rl.cli import rl  # noqa: E402
 from training.rollouts.cli import worker_rollouts  # noqa: E402
 from training.tasks.cli import tasks_app  # noqa: E402
