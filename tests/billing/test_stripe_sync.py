@@ -84,11 +84,12 @@ def accepted_by_identifier(server) -> dict[str, tuple[str, str, str]]:  # type: 
 
 
 def test_meter_events_are_sent_once_across_retries_and_a_lost_commit(
-    billing_settings: BillingSettings, stripe_server: Callable[..., object]
+    billing_settings: BillingSettings, stripe_server: Callable[..., object], ledger_url: str
 ) -> None:
     server = stripe_server(fail_first=2)
     settings = billing_settings.model_copy(
         update={
+            "ledger_url": ledger_url,
             "stripe_api_base": server.base_url,  # type: ignore[attr-defined]
             "stripe_api_key": SecretStr("sk_test_billing"),
             "stripe_retry_base_s": 60,
