@@ -7,13 +7,15 @@ that used them (or when dropped as stale or malformed), never on read.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 
 import redis
 from pydantic import ValidationError
 
 from training.agent.record import Trajectory
+
+_SEEN_LIMIT = 100_000
 
 
 @dataclass
@@ -56,7 +58,7 @@ class TrajectoryConsumer:
         self._group_size = group_size
         self._max_staleness = max_staleness
         self._pending: dict[str, list[tuple[str, Trajectory]]] = defaultdict(list)
-        self._seen: set[str] = set()
+        self._seen: OrderedDict[str, None] = OrderedDict()  # recent rollout ids, bounded
         self.stats = ConsumerStats()
         try:
             client.xgroup_create(stream, group, id="0", mkstream=True)
@@ -101,10 +103,12 @@ class TrajectoryConsumer:
                 self.stats.dropped_malformed += 1
                 drop.append(entry_id)
                 continue
-            if trajectory.trajectory_id in self._seen:
+            if trajectory.rollout_id in self._seen:
                 drop.append(entry_id)
                 continue
-            self._seen.add(trajectory.trajectory_id)
+            self._seen[trajectory.rollout_id] = None
+            if len(self._seen) > _SEEN_LIMIT:
+                self._seen.popitem(last=False)
             self.stats.received += 1
             self._pending[trajectory.task_id].append((entry_id, trajectory))
         groups: list[TrajectoryGroup] = []
@@ -132,6 +136,10 @@ class TrajectoryConsumer:
         return groups
 
     def ack(self, entry_ids: list[str]) -> None:
-        """Acknowledge entries once the step that used them is done."""
+        """Acknowledge entries once the step that used them is done, then delete them:
+        the trainer's group is the stream's only reader, so it would only grow."""
         if entry_ids:
-            self._redis.xack(self._stream, self._group, *entry_ids)
+            pipe = self._redis.pipeline()
+            pipe.xack(self._stream, self._group, *entry_ids)
+            pipe.xdel(self._stream, *entry_ids)
+            pipe.execute()

@@ -62,6 +62,7 @@ def test_groups_by_task_and_drops_stale(redis_url: str) -> None:
     assert pending == 6 - 2
     consumer.ack(groups[0].entry_ids)
     assert client.xpending(stream, "trainer")["pending"] == 2
+    assert client.xlen(stream) == 2  # used, stale and malformed entries are deleted
 
 
 def test_unacked_entries_come_back_after_a_restart(redis_url: str) -> None:
