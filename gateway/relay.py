@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import pydantic_core
 from fastapi.responses import Response
+from starlette.background import BackgroundTask
 from starlette.types import Receive, Scope, Send
 
 from billing.meter import Admission, Meter, Outcome, UsageReport
@@ -182,11 +183,13 @@ class Relay:
             raise upstream_error(502, b"")
         data["model"] = exchange.route.public_model
         data["service_tier"] = exchange.route.tier
-        await self.settle(exchange, "complete", data.get("usage") or {})
+        # Settled once the body is on its way: billing's Redis write adds no latency.
+        settle = BackgroundTask(self.settle, exchange, "complete", data.get("usage") or {})
         return Response(
             pydantic_core.to_json(data),
             media_type="application/json",
             headers=exchange.admission.headers,
+            background=settle,
         )
 
     async def stream(
