@@ -17,9 +17,6 @@ from __future__ import annotations
 ADMIT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-if redis.call('EXISTS', KEYS[2], KEYS[3]) > 0 then
-  return {'suspended'}
-end
 local window = 60000000
 local state = redis.call('HMGET', KEYS[1], 'rpm', 'tpm')
 local function gcra(stored, limit, cost)
@@ -39,6 +36,9 @@ end
 local rpm, tpm, tokens = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local req = gcra(state[1], rpm, 1)
 local tok = gcra(state[2], tpm, tokens)
+if redis.call('EXISTS', KEYS[2], KEYS[3]) > 0 then
+  return {'suspended', req[4], math.ceil(req[5]), tok[4], math.ceil(tok[5])}
+end
 if tokens > tpm then
   return {'too_large', req[4], math.ceil(req[5]), tok[4], math.ceil(tok[5])}
 end

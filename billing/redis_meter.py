@@ -154,12 +154,6 @@ class RedisMeter:
             logger.warning("admission without limits: Redis is unreachable (%s)", exc)
             return Admission(request=request)
         status = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
-        if status == "suspended":
-            raise AdmissionRefused(
-                "this organization is suspended for an unpaid invoice; update the payment "
-                "method to resume",
-                code="insufficient_quota",
-            )
         headers = ratelimit_headers(
             rpm=plan.rpm,
             tpm=plan.tpm,
@@ -168,6 +162,13 @@ class RedisMeter:
             remaining_tokens=int(reply[3]),
             reset_tokens_us=int(reply[4]),
         )
+        if status == "suspended":
+            raise AdmissionRefused(
+                "this organization is suspended for an unpaid invoice; update the payment "
+                "method to resume",
+                code="insufficient_quota",
+                headers=headers,
+            )
         if status == "too_large":
             raise AdmissionRefused(
                 f"this request needs up to {tokens} tokens (prompt plus max output), more "

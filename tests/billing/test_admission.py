@@ -139,6 +139,7 @@ async def test_suspended_org_is_refused(meter: RedisMeter) -> None:
     with pytest.raises(AdmissionRefused, match="suspended") as refused:
         await meter.admit(admission_request(org="org-unpaid"))
     assert refused.value.code == "insufficient_quota"
+    assert refused.value.headers["x-ratelimit-limit-requests"] == "600"
     await meter.redis.delete(suspended_org_key("org-unpaid"))
     await meter.admit(admission_request(org="org-unpaid"))
 
