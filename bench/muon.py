@@ -77,15 +77,20 @@ def part_a(scale: int, repeats: int) -> None:
     layouts, _ = matrix_layouts(model)
     ns = NewtonSchulzConfig()
     items = [(torch.randn_like(p), layout) for p, layout in layouts.items()]
-    matrices = [m for t, layout in items for m in layout.to_matrices(t).unbind(0)]
+    matrices = sum(layout.count(tuple(t.shape)) for t, layout in items)
 
     def batched() -> None:
         orthogonalize_full(items, ns)
 
     def looped() -> None:
-        # torch.optim.Muon style: one Newton-Schulz call per matrix, in a Python loop.
-        for matrix in matrices:
-            orthogonalize(matrix.unsqueeze(0), ns)
+        # torch.optim.Muon style: one Newton-Schulz call per matrix, in a Python loop,
+        # slicing each head / expert out of its tensor and writing the result back.
+        for tensor, layout in items:
+            mats = layout.to_matrices(tensor)
+            out = torch.empty_like(mats)
+            for index in range(mats.shape[0]):
+                out[index] = orthogonalize(mats[index : index + 1], ns)[0]
+            layout.from_matrices(out, tuple(tensor.shape))
 
     whole_2d = [nn.Parameter(torch.randn_like(p)) for p in layouts if p.dim() == 2]
     for p in whole_2d:
@@ -93,8 +98,8 @@ def part_a(scale: int, repeats: int) -> None:
     torch_muon = torch.optim.Muon(whole_2d, lr=0.02)
 
     t_batched, t_loop, t_torch = timed_interleaved([batched, looped, torch_muon.step], repeats)
-    shapes = {tuple(m.shape) for m in matrices}
-    print(f"\n(a) Newton-Schulz over one model (scale {scale}): {len(matrices)} matrices, "
+    shapes = {layout.matrix_shape(tuple(t.shape)) for t, layout in items}
+    print(f"\n(a) Newton-Schulz over one model (scale {scale}): {matrices} matrices, "
           f"{len(shapes)} shapes, device {device()}")  # fmt: skip
     print(f"{'variant':<44}{'ms/step':>10}{'vs batched':>12}")
     print(f"{'batched per head/expert (ours)':<44}{t_batched * 1e3:>10.1f}{1.0:>12.2f}")

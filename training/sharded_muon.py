@@ -47,6 +47,8 @@ class _Task:
     local_flat: Tensor
     received: Tensor | None = None
     returned: Tensor | None = None
+    # The buffer being sent, kept alive until the asynchronous exchange completes.
+    sending: Tensor | None = None
     work: Any = None
 
 
@@ -101,9 +103,11 @@ class ShardedOrthogonalizer:
 
     def _start_gather(self, task: _Task) -> None:
         plan = task.plan
-        send = task.local_flat[plan.send_index]
-        task.received = send.new_empty(sum(plan.recv_splits))
-        task.work = self._post(task.received, send, plan.recv_splits, plan.send_splits, plan.group)
+        task.sending = task.local_flat[plan.send_index]
+        task.received = task.sending.new_empty(sum(plan.recv_splits))
+        task.work = self._post(
+            task.received, task.sending, plan.recv_splits, plan.send_splits, plan.group
+        )
 
     def _compute(self, task: _Task) -> _Task:
         plan = task.plan
@@ -119,10 +123,10 @@ class ShardedOrthogonalizer:
                 m, n, self.config.newton_schulz.steps
             )
             self.stats.matrices += plan.owned
-        send_back = mats[plan.recv_index]
-        task.returned = send_back.new_empty(sum(plan.send_splits))
+        task.sending = mats[plan.recv_index]
+        task.returned = task.sending.new_empty(sum(plan.send_splits))
         task.work = self._post(
-            task.returned, send_back, plan.send_splits, plan.recv_splits, plan.group
+            task.returned, task.sending, plan.send_splits, plan.recv_splits, plan.group
         )
         return task
 
