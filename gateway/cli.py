@@ -38,7 +38,8 @@ def gateway(
 
     import uvicorn
 
-    from billing.meter import UnmeteredMeter
+    import billing
+    from billing.meter import Meter, UnmeteredMeter
     from gateway.app import create_app
 
     overrides = {
@@ -51,7 +52,12 @@ def gateway(
         "log_level": log_level,
     }
     settings = _settings(**{k: v for k, v in overrides.items() if v is not None})
-    app = create_app(settings, UnmeteredMeter())
+    meter: Meter = (
+        billing.create_meter(redis_url=settings.redis_url) if settings.billing else UnmeteredMeter()
+    )
+    app = create_app(settings, meter)
+    if settings.billing:
+        app.include_router(billing.webhook_router)
     uvicorn.run(
         app,
         host=settings.host,

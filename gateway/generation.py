@@ -4,10 +4,12 @@ The request body is validated once by pydantic (in Rust) and the upstream body i
 serialised once from the validated model; responses are relayed with only ``model`` and
 ``service_tier`` rewritten.
 
-Prompt tokens for admission are estimated as one token per 3 bytes of request body,
-without running a tokenizer on the hot path: BPE averages about 4 bytes per token on
-English and code, so with the JSON and chat-template overhead in the body this errs high,
-which is the safe side for a reservation; ``settle`` then bills vLLM's exact count.
+Prompt tokens for admission are bounded by the request body's length in bytes, without
+running a tokenizer on the hot path: every byte-level BPE token covers at least one byte
+of text, and the JSON around each message is longer than the chat template's tokens for
+it. The reservation must be an upper bound (billing's promise that no org ends a period
+more than one request's worst case over its limit rests on it); ``settle`` then bills
+vLLM's exact count and releases the rest.
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ from gateway.settings import GatewaySettings
 from gateway.sse import StreamRewriter
 from gateway.tiers import TierRoute, TierRouter
 
-BYTES_PER_TOKEN_ESTIMATE = 3
 UPSTREAM_STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
 
 
@@ -75,7 +76,7 @@ class GenerationHandler:
             plan=principal.key.plan,
             tier=route.tier,
             model=route.public_model,
-            prompt_tokens=-(-len(body) // BYTES_PER_TOKEN_ESTIMATE),
+            prompt_tokens=len(body),  # an upper bound: see the module docstring
             max_output_tokens=max_output,
             customer_id=principal.customer_id,
         )

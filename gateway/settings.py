@@ -68,6 +68,9 @@ class GatewaySettings(BaseSettings):
     default_plan: str = "default"
 
     log_level: str = "info"
+    #: Meter usage and enforce limits through ``billing`` (CSTACK_BILLING). Off only for a
+    #: gateway that must not bill: benchmarks and tests of the relay itself.
+    billing: bool = True
 
     @field_validator("fast_upstream_urls", "standard_upstream_urls", mode="before")
     @classmethod
