@@ -39,6 +39,15 @@ def serve(
     print_args: Annotated[
         bool, typer.Option("--print-args", help="Print the engine arguments and exit.")
     ] = False,
+    weight_sync: Annotated[
+        bool,
+        typer.Option(
+            "--weight-sync",
+            help="Expose vLLM's weight-reload endpoints (VLLM_SERVER_DEV_MODE=1) so the RL "
+            "trainer can push new weights. Only for engines reachable from the gateway and "
+            "trainer alone.",
+        ),
+    ] = False,
 ) -> None:
     """Run vLLM's OpenAI server for one variant until SIGTERM or Ctrl-C.
 
@@ -56,6 +65,8 @@ def serve(
     except VariantError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    if weight_sync:
+        server.env["VLLM_SERVER_DEV_MODE"] = "1"
     if print_args:
         typer.echo(" ".join(server.command))
         return

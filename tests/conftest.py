@@ -46,8 +46,9 @@ def vllm_url(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
     port = free_port()
     server = ManagedProcess(
         "cstack serve",
+        # --weight-sync: the RL tests push weights into this engine (and restore them).
         cstack_command("serve", "--variant", "shared", "--model", str(tiny_model),
-                       "--port", str(port)),
+                       "--port", str(port), "--weight-sync"),
         log_path=tmp_path_factory.mktemp("logs") / "cstack-serve.log",
         health_url=f"http://127.0.0.1:{port}/health",
     )  # fmt: skip
