@@ -15,7 +15,6 @@ from typing import Annotated
 
 import typer
 
-# The training package's own commands (the RL engineer adds theirs beside this one).
 SCHEDULES = ("quintic", "polar_express")
 SCALE_RULES = ("spectral", "match_adamw")
 

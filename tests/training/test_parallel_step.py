@@ -98,3 +98,18 @@ def _worker(rank: int, world: int) -> None:
 @pytest.mark.distributed
 def test_world8_step_matches_single_process() -> None:
     run_ranks(_worker, 8)
+
+
+def _bf16_worker(rank: int, world: int) -> None:
+    parallel = ParallelConfig(world_size=world, dp_shard=2, cp=2, ep=2)
+    batch = RandomTokens(SMALL.vocab_size, 3).batch(0, 4, 8)
+    fp32, _ = Trainer(_config(parallel)).forward_backward(batch)
+    config = _config(parallel)
+    config.bf16 = True
+    bf16, _ = Trainer(config).forward_backward(batch)
+    assert bf16 == pytest.approx(fp32, rel=2e-2)
+
+
+@pytest.mark.distributed
+def test_bf16_autocast_with_cp_and_ep_stays_close_to_fp32() -> None:
+    run_ranks(_bf16_worker, 2)
