@@ -18,6 +18,7 @@ from torch import Tensor
 from training.model_config import ModelConfig
 
 _EXPERT_KEY = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(\w+_proj)\.weight$")
+_LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.")
 _SHARD_BYTES = 4 << 30
 
 
@@ -32,6 +33,11 @@ def load_hf_state_dict(path: Path, config: ModelConfig) -> dict[str, Tensor]:
     experts: dict[tuple[str, str], dict[int, Tensor]] = {}
     state: dict[str, Tensor] = {}
     for key, tensor in flat.items():
+        layer = _LAYER_KEY.match(key)
+        if layer and int(layer.group(1)) >= config.num_hidden_layers:
+            # DeepSeek-V3's multi-token-prediction layers (model.layers.61.* in the real
+            # checkpoint) are not part of the causal LM; transformers skips them too.
+            continue
         match = _EXPERT_KEY.match(key)
         if match:
             prefix, index, proj = match.groups()

@@ -162,3 +162,15 @@ def test_token_logprobs_for_loss_hooks() -> None:
     terms = cross_entropy_loss(logits, {"labels": labels})
     assert int(terms.tokens) == 8
     assert float(terms.loss_sum) == pytest.approx(float(-logprobs.sum()), rel=1e-6)
+
+
+def test_multi_token_prediction_layers_are_skipped(tiny_model: Path, tmp_path: Path) -> None:
+    """Real DeepSeek-V3 checkpoints carry an MTP layer past the last decoder layer."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(tiny_model / "model.safetensors"))
+    tensors["model.layers.2.eh_proj.weight"] = torch.zeros(4, 4)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text((tiny_model / "config.json").read_text())
+    model = DeepseekV3Model.from_pretrained(tmp_path)
+    assert len(model.model.layers) == 2
