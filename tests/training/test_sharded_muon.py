@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from spawn import run_ranks
@@ -11,6 +13,7 @@ from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 from training.matrix_layout import WHOLE, MatrixLayout, Split
 from training.muon import Muon, MuonConfig
+from training.sharded_muon import ShardedOrthogonalizer
 
 # Shapes chosen to shard unevenly on 2, 4 and 8 ranks, leave some ranks empty, split
 # matrices across ranks, and put two parameters in one same-shape group.
@@ -66,11 +69,34 @@ def _check(rank: int, shard_ranks: int, world: int, config: MuonConfig) -> None:
         )
 
 
+def _trace_schedule() -> list[tuple[str, tuple[int, int]]]:
+    """Record the runtime's order of events (gather posted, Newton-Schulz run, finished)."""
+    events: list[tuple[str, tuple[int, int]]] = []
+    for name in ("_start_gather", "_compute", "_finish"):
+        original = getattr(ShardedOrthogonalizer, name)
+
+        def traced(self: ShardedOrthogonalizer, task: Any, *rest: Any, _n=name, _o=original) -> Any:
+            events.append((_n, task.plan.matrix_shape))
+            return _o(self, task, *rest)
+
+        setattr(ShardedOrthogonalizer, name, traced)
+    return events
+
+
 def _worker(rank: int, world: int) -> None:
+    events = _trace_schedule()
     overlapped = MuonConfig(lr=1.0, weight_decay=0.1, max_in_flight=2)
     for shard_ranks in (2, 4, 8):
         _check(rank, shard_ranks, world, overlapped)
+    # Overlap: the next groups' gathers are posted before the first group's Newton-Schulz,
+    # and never more than max_in_flight of them are waiting.
+    first_step = events[: 3 * 5]  # 5 same-shape groups in SHAPES
+    kinds = [kind for kind, _ in first_step]
+    assert kinds[:4] == ["_start_gather", "_start_gather", "_start_gather", "_compute"], kinds
+    events.clear()
     _check(rank, 4, world, MuonConfig(lr=1.0, weight_decay=0.1, max_in_flight=0))
+    kinds = [kind for kind, _ in events[:3]]
+    assert kinds == ["_start_gather", "_compute", "_finish"], kinds
 
 
 @pytest.mark.distributed
