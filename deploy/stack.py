@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import secrets
 import sys
-import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,6 @@ class LocalStack:
         self.redis_url = settings.redis_url
         self.vllm_url = ""
         self.processes: list[ManagedProcess] = []
-        self.stopping = threading.Event()
         # A fresh admin token per run: it lives only in this process and the gateway's env.
         self.admin_token = secrets.token_urlsafe(32)
 
@@ -140,16 +139,15 @@ class LocalStack:
     def dev_key(self) -> str:
         return self.dev_key_path.read_text().strip()
 
-    def wait(self) -> ManagedProcess | None:
-        """Block until asked to stop or a component dies; return the one that died."""
-        while not self.stopping.wait(1.0):
+    def wait(self) -> ManagedProcess:
+        """Block until a component dies (the caller stops on signals); return that one."""
+        while True:
             for process in self.processes:
                 if not process.running():
                     return process
-        return None
+            time.sleep(1.0)
 
     def stop(self) -> None:
-        self.stopping.set()
         for process in reversed(self.processes):
             process.stop()
         self.processes.clear()

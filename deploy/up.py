@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 from typing import Annotated
 
 import typer
@@ -24,32 +23,28 @@ def up(
     (CSTACK_REDIS_URL for an external Redis, CSTACK_MODEL_DIR for another checkpoint,
     CSTACK_GATEWAY_PORT, CSTACK_VLLM_PORT, CSTACK_STATE_DIR).
     """
-    from serving import ServerStartError
+    from serving import ServerStartError, StopRequested, stop_signals_raise
 
     stack = LocalStack(DeploySettings(), say=lambda line: typer.echo(line))
-
-    def _request_stop(_signum: int, _frame: object) -> None:
-        stack.stopping.set()
-
-    signal.signal(signal.SIGTERM, _request_stop)
-    signal.signal(signal.SIGINT, _request_stop)
     try:
-        stack.start()
-        for tier in ("fast", "standard"):
-            served, text = tier_completion(stack.base_url, stack.dev_key(), tier)
-            typer.echo(f"{tier} tier ok (served by {served}): {text!r}")
-        typer.echo(f"ready: {stack.base_url}", color=False)
-        if demo:
-            _, text = tier_completion(stack.base_url, stack.dev_key(), "fast")
-            typer.echo(f"demo completion: {text!r}")
-            typer.echo(
-                f"try: OPENAI_BASE_URL={stack.base_url} OPENAI_API_KEY=$(cat "
-                f"{stack.dev_key_path}) and any OpenAI SDK"
-            )
-        died = stack.wait()
-        if died is not None:
-            typer.echo(f"error: {died.name} exited: {died.failure_cause()}", err=True)
-            raise typer.Exit(1)
+        with stop_signals_raise():
+            stack.start()
+            for tier in ("fast", "standard"):
+                served, text = tier_completion(stack.base_url, stack.dev_key(), tier)
+                typer.echo(f"{tier} tier ok (served by {served}): {text!r}")
+            typer.echo(f"ready: {stack.base_url}", color=False)
+            if demo:
+                _, text = tier_completion(stack.base_url, stack.dev_key(), "fast")
+                typer.echo(f"demo completion: {text!r}")
+                typer.echo(
+                    f"try: OPENAI_BASE_URL={stack.base_url} OPENAI_API_KEY=$(cat "
+                    f"{stack.dev_key_path}) and any OpenAI SDK"
+                )
+            died = stack.wait()
+        typer.echo(f"error: {died.name} exited: {died.failure_cause()}", err=True)
+        raise typer.Exit(1)
+    except StopRequested:
+        pass  # Ctrl-C or SIGTERM: the normal way to stop
     except ServerStartError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None

@@ -1,7 +1,7 @@
 """Serving: tier variants, the vLLM launcher and the tiny dev/test checkpoint."""
 
 from serving.launcher import VllmServer
-from serving.process import ManagedProcess, ServerStartError
+from serving.process import ManagedProcess, ServerStartError, StopRequested, stop_signals_raise
 from serving.profile import detect_profile
 from serving.settings import ServingSettings
 from serving.tiny import build_tiny_checkpoint
@@ -12,6 +12,7 @@ __all__ = [
     "ManagedProcess",
     "ServerStartError",
     "ServingSettings",
+    "StopRequested",
     "Variant",
     "VariantBook",
     "VariantError",
@@ -19,4 +20,5 @@ __all__ = [
     "build_tiny_checkpoint",
     "detect_profile",
     "load_variants",
+    "stop_signals_raise",
 ]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import signal
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -55,7 +53,7 @@ def serve(
     if vLLM dies while starting.
     """
     from serving.engine import engine_for_variant
-    from serving.process import ServerStartError
+    from serving.process import ServerStartError, StopRequested, stop_signals_raise
     from serving.variants import VariantError
 
     if variant not in VARIANTS:
@@ -74,24 +72,21 @@ def serve(
         typer.echo(f"error: {model} is not a model directory (no config.json)", err=True)
         raise typer.Exit(2)
 
-    def _stop(signum: int, _frame: object) -> None:
-        server.stop()
-        sys.exit(128 + signum)
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    server.start()
-    typer.echo(f"starting vLLM ({variant}) on {server.base_url}; log: {server.log_path}")
     try:
-        server.wait_healthy(timeout_s=_settings_timeout())
+        with stop_signals_raise():
+            server.start()
+            typer.echo(f"starting vLLM ({variant}) on {server.base_url}; log: {server.log_path}")
+            server.wait_healthy(timeout_s=_settings_timeout())
+            typer.echo(f"ready: {server.base_url}/v1")
+            assert server.process is not None
+            code = server.process.wait()
+    except StopRequested as stop:
+        raise typer.Exit(stop.exit_code) from None
     except ServerStartError as exc:
-        server.stop()
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
-    typer.echo(f"ready: {server.base_url}/v1")
-    assert server.process is not None
-    code = server.process.wait()
-    server.stop()
+    finally:
+        server.stop()
     if code != 0:
         typer.echo(f"error: vLLM exited with status {code}: {server.failure_cause()}", err=True)
         raise typer.Exit(1)

@@ -13,7 +13,7 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -130,3 +130,34 @@ def _group_alive(pgid: int) -> bool:
     except (ProcessLookupError, PermissionError):
         return False
     return True
+
+
+class StopRequested(Exception):
+    """SIGTERM or SIGINT arrived; raised from the signal handler to unwind to cleanup."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.exit_code = 128 + signum
+
+
+@contextlib.contextmanager
+def stop_signals_raise() -> Iterator[None]:
+    """Turn SIGTERM/SIGINT into ``StopRequested`` inside the block, and ignore them after it.
+
+    Doing the cleanup in the handler itself is not safe: the main thread may be inside
+    ``Popen.wait``, whose lock is not re-entrant, so a second wait from the handler
+    deadlocks. Raising unwinds the interrupted wait first. Once the block is left (for
+    the caller's ``finally`` cleanup), further signals are ignored so that a second
+    Ctrl-C cannot abandon a half-stopped child.
+    """
+
+    def _raise(signum: int, _frame: object) -> None:
+        raise StopRequested(signum)
+
+    signal.signal(signal.SIGTERM, _raise)
+    signal.signal(signal.SIGINT, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)

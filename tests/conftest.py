@@ -58,6 +58,11 @@ def vllm_url(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
         yield f"http://127.0.0.1:{port}"
     finally:
         server.stop()
+    # `cstack serve` must have stopped vLLM and exited by itself on SIGTERM (128 + 15),
+    # not been killed after the grace period.
+    assert server.process is not None
+    code = server.process.returncode
+    assert code == 143, f"cstack serve did not exit cleanly on SIGTERM (status {code})"
 
 
 @pytest.fixture(scope="session")
