@@ -9,10 +9,10 @@ import signal
 import subprocess
 import sys
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 
 from serving import ServingSettings, VllmServer, detect_profile, load_variants
+from training.rollouts.vllm_extension import WORKER_EXTENSION
 
 
 def _free_port() -> int:
@@ -21,13 +21,6 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-@dataclass
-class LocalRlStack:
-    redis_url: str
-    engine_url: str
-    worker_env: dict[str, str]
 
 
 def start_valkey(stack: ExitStack) -> str:
@@ -40,7 +33,8 @@ def start_valkey(stack: ExitStack) -> str:
 
 
 def start_engine(stack: ExitStack, model: Path, log_dir: Path, timeout_s: float) -> str:
-    """vLLM on the shared variant, with VLLM_SERVER_DEV_MODE for in-place weight reload."""
+    """vLLM on the shared variant, with VLLM_SERVER_DEV_MODE and the worker extension for
+    exact in-place weight reload."""
     settings = ServingSettings()
     book = load_variants(settings.variants_file)
     profile = detect_profile(settings.serving_profile)
@@ -49,7 +43,8 @@ def start_engine(stack: ExitStack, model: Path, log_dir: Path, timeout_s: float)
         env["VLLM_CPU_KVCACHE_SPACE"] = str(settings.vllm_cpu_kvcache_gib)
     server = VllmServer(
         model_dir=model, port=_free_port(), host="127.0.0.1",
-        engine_args=book.cli_args("shared", profile), served_model_name=book.served_model_name,
+        engine_args=[*book.cli_args("shared", profile), "--worker-extension-cls", WORKER_EXTENSION],
+        served_model_name=book.served_model_name,
         log_path=log_dir / "vllm.log", env=env,
     )  # fmt: skip
     server.start()

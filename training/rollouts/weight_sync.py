@@ -2,10 +2,11 @@
 
 Uses vLLM's own endpoints (served when the engine runs with VLLM_SERVER_DEV_MODE=1):
 ``/pause?mode=wait`` lets in-flight requests finish on the old weights, ``/collective_rpc``
-``reload_weights`` loads the exported HF checkpoint in place on every worker,
-``/reset_prefix_cache`` drops KV computed with the old weights, ``/update_weight_version``
-labels the engine, ``/resume`` serves again. The version gate (gate.py) brackets it so
-that no turn straddles the swap and every turn records the version that produced it.
+runs our worker extension's exact reload (vllm_extension.py: vLLM's ``reload_weights``
+plus the MoE repack it skips on CPU) on every worker, ``/reset_prefix_cache`` drops KV
+computed with the old weights, ``/update_weight_version`` labels the engine, ``/resume``
+serves again. The version gate (gate.py) brackets it so that no turn straddles the swap
+and every turn records the version that produced it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 import httpx
 
 from training.rollouts.gate import PolicyVersionGate
+from training.rollouts.vllm_extension import PROTOCOL_VERSION, WORKER_EXTENSION
 
 
 class WeightSyncError(RuntimeError):
@@ -44,8 +46,33 @@ class VllmWeightSync:
         _check(response, url, "/weight_info")
         return str(response.json()["weight_version"])
 
+    def check_engine(self, url: str) -> None:
+        """Refuse, before pausing anything, an engine that cannot reload exactly."""
+        url = url.rstrip("/")
+        probe = {"method": "cstack_weight_sync_info"}
+        try:
+            response = httpx.post(f"{url}/collective_rpc", json=probe, timeout=self.timeout_s)
+        except httpx.HTTPError as err:
+            raise WeightSyncError(f"{url}: cannot reach the engine: {err}") from err
+        if response.status_code == 404:
+            _check(response, url, "/collective_rpc")
+        info = response.json().get("results", [None]) if response.status_code < 400 else None
+        if not info or not isinstance(info[0], dict):
+            raise WeightSyncError(
+                f"{url}: the engine lacks the weight-sync worker extension; start vLLM with "
+                f"--worker-extension-cls {WORKER_EXTENSION} (a plain reload_weights leaves "
+                "CPU MoE experts in the wrong layout)"
+            )
+        if info[0].get("protocol") != PROTOCOL_VERSION:
+            raise WeightSyncError(
+                f"{url}: weight-sync extension protocol {info[0].get('protocol')}, "
+                f"trainer speaks {PROTOCOL_VERSION}; restart the engine from this checkout"
+            )
+
     def push(self, checkpoint: Path) -> int:
         """Reload ``checkpoint`` into every engine; returns the new policy version."""
+        for url in self.engine_urls:
+            self.check_engine(url)
         with self.gate.exclusive(drain_timeout_s=self.timeout_s) as version:
             new_version = version + 1
             for url in self.engine_urls:
@@ -57,8 +84,11 @@ class VllmWeightSync:
         with httpx.Client(base_url=url, timeout=self.timeout_s) as client:
             _check(client.post("/pause", params={"mode": "wait"}), url, "/pause")
             try:
-                rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(checkpoint)}}
-                _check(client.post("/collective_rpc", json=rpc), url, "reload_weights")
+                rpc = {
+                    "method": "cstack_reload_weights",
+                    "kwargs": {"weights_path": str(checkpoint)},
+                }
+                _check(client.post("/collective_rpc", json=rpc), url, "reload")
                 _check(client.post("/reset_prefix_cache"), url, "/reset_prefix_cache")
                 update = {"new_version": str(version)}
                 _check(

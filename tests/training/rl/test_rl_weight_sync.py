@@ -1,5 +1,10 @@
 """Weight sync into the running vLLM: new weights change its outputs, the version advances,
-the original weights restore them. Needs vLLM's dev endpoints (VLLM_SERVER_DEV_MODE=1)."""
+and pushing the original checkpoint restores the engine bit for bit (vLLM's own weight
+digests, ``/weight_checker``). Needs vLLM's dev endpoints (VLLM_SERVER_DEV_MODE=1).
+
+An engine without the worker extension is refused before anything is paused or loaded:
+vLLM's plain reload leaves CPU MoE experts in the wrong layout (vllm_extension.py).
+"""
 
 from __future__ import annotations
 
@@ -24,35 +29,75 @@ def _greedy(vllm_url: str) -> list[int]:
     return list(response.json()["choices"][0]["token_ids"])
 
 
+def _digests(vllm_url: str) -> dict[str, str]:
+    response = httpx.post(f"{vllm_url}/weight_checker", json={"action": "checksum"}, timeout=120)
+    response.raise_for_status()
+    return dict(response.json()["checksums"])
+
+
+def _changed_checkpoint(tiny_model: Path, out: Path) -> Path:
+    from training.model import DeepseekV3Model
+
+    model = DeepseekV3Model.from_pretrained(tiny_model)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(-1.0)  # a different policy, same architecture
+        for name, param in model.named_parameters():
+            if ".experts." in name:  # the routed experts: the tensors a plain reload garbles
+                param.mul_(0.5)
+    model.save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                 "generation_config.json"):  # fmt: skip
+        if (tiny_model / name).exists():
+            shutil.copy2(tiny_model / name, out / name)
+    return out
+
+
+def _has_extension(vllm_url: str) -> bool:
+    probe = {"method": "cstack_weight_sync_info"}
+    return httpx.post(f"{vllm_url}/collective_rpc", json=probe, timeout=60).status_code == 200
+
+
 @pytest.mark.vllm
-def test_push_changes_outputs_and_versions(
+def test_push_changes_outputs_and_restores_the_engine_exactly(
     vllm_url: str, redis_url: str, tiny_model: Path, tmp_path: Path
 ) -> None:
-    from training.model import DeepseekV3Model
-    from training.rollouts import PolicyVersionGate, VllmWeightSync
+    from training.rollouts import PolicyVersionGate, VllmWeightSync, WeightSyncError
 
     if httpx.get(f"{vllm_url}/is_paused", timeout=30).status_code == 404:
         pytest.skip("this vLLM runs without VLLM_SERVER_DEV_MODE=1 (no weight reload endpoints)")
 
     gate = PolicyVersionGate(redis.Redis.from_url(redis_url), prefix=f"sync-{uuid.uuid4().hex}")
     sync = VllmWeightSync([vllm_url], gate)
-    original = _greedy(vllm_url)
+    original, digests = _greedy(vllm_url), _digests(vllm_url)
+    changed = _changed_checkpoint(tiny_model, tmp_path / "changed")
 
-    model = DeepseekV3Model.from_pretrained(tiny_model)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(-1.0)  # a different policy, same architecture
-    changed_dir = tmp_path / "changed"
-    model.save_pretrained(changed_dir)
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                 "generation_config.json"):  # fmt: skip
-        if (tiny_model / name).exists():
-            shutil.copy2(tiny_model / name, changed_dir / name)
+    if not _has_extension(vllm_url):
+        with pytest.raises(WeightSyncError, match="--worker-extension-cls"):
+            sync.push(changed)
+        assert gate.version() == 0 and _digests(vllm_url) == digests  # nothing was touched
+        return
 
     try:
-        assert sync.push(changed_dir) == 1
+        assert sync.push(changed) == 1
         assert sync.engine_version(vllm_url) == "1"
+        moved = {
+            key.rsplit(":", 1)[-1] for key, d in _digests(vllm_url).items() if d != digests[key]
+        }
+        assert "lm_head.weight" in moved
+        assert any("experts" in key for key in moved)
         assert _greedy(vllm_url) != original
     finally:
         assert sync.push(tiny_model) == 2  # leave the shared engine as we found it
     assert sync.engine_version(vllm_url) == "2"
+    assert _digests(vllm_url) == digests
     assert _greedy(vllm_url) == original
+
+
+def test_engine_without_dev_endpoints_is_named(redis_url: str, tmp_path: Path) -> None:
+    """A URL that is no vLLM dev server: the error names the engine and what to enable."""
+    from training.rollouts import PolicyVersionGate, VllmWeightSync, WeightSyncError
+
+    gate = PolicyVersionGate(redis.Redis.from_url(redis_url), prefix=f"sync-{uuid.uuid4().hex}")
+    with pytest.raises(WeightSyncError, match=r"127\.0\.0\.1:9: cannot reach"):
+        VllmWeightSync(["http://127.0.0.1:9"], gate, timeout_s=5).push(tmp_path)
+    assert gate.version() == 0
