@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(EXTRA)
 CONSTRAINTS := constraints-$(EXTRA).txt
 PYTEST_ARGS ?=
 
-.PHONY: install up test lint typecheck pytest clean lock
+.PHONY: install system-deps up test lint typecheck pytest clean lock
 
 install: $(STAMP)
 
@@ -19,6 +19,12 @@ $(STAMP): pyproject.toml $(wildcard $(CONSTRAINTS))
 	@# ("operator torchvision::nms does not exist") and vLLM serves text without them.
 	$(if $(filter cpu,$(EXTRA)),$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec || true)
 	touch $(STAMP)
+
+# Prometheus and promtool (Debian's package): the observability tests run a real server.
+system-deps:
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null || \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq prometheus; \
+	  else echo "error: install Debian's prometheus package (prometheus, promtool)"; exit 1; fi
 
 # Record the exact versions of a working install (commit the file it writes).
 lock: install
@@ -34,7 +40,7 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
-pytest: install
+pytest: install system-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test: lint typecheck pytest
