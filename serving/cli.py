@@ -23,7 +23,11 @@ def build_tiny(
     """
     from serving.tiny import build_tiny_checkpoint
 
-    path = build_tiny_checkpoint(out, seed=seed)
+    try:
+        path = build_tiny_checkpoint(out, seed=seed)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     typer.echo(f"tiny checkpoint written to {path}")
 
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import subprocess
 from pathlib import Path
 
-import pytest
-
 from serving import build_tiny_checkpoint
+from tests.conftest import cstack_command
 
 
 def _digests(directory: Path) -> dict[str, str]:
@@ -68,7 +68,16 @@ def test_loads_in_transformers_and_generates(tiny_model: Path) -> None:
     assert tokenizer.decode(tokenizer("def add(a, b):").input_ids) == "def add(a, b):"
 
 
-@pytest.mark.parametrize("seed", [-1])
-def test_rejects_negative_seed_clearly(tmp_path: Path, seed: int) -> None:
-    with pytest.raises(ValueError, match="seed"):
-        build_tiny_checkpoint(tmp_path / "bad", seed=seed)
+def test_cli_refuses_bad_input_with_one_line(tmp_path: Path) -> None:
+    (tmp_path / "precious.txt").write_text("keep me")
+    for args, message in [
+        (["--out", str(tmp_path / "m"), "--seed", "-1"], "seed must be a non-negative integer"),
+        (["--out", str(tmp_path)], "exists and is not a checkpoint; refusing to replace it"),
+    ]:
+        result = subprocess.run(
+            cstack_command("model", "build-tiny", *args), capture_output=True, text=True
+        )
+        assert result.returncode == 2
+        assert result.stderr.startswith("error: ") and message in result.stderr
+        assert "Traceback" not in result.stderr
+    assert (tmp_path / "precious.txt").read_text() == "keep me"
