@@ -66,6 +66,8 @@ class StepReport:
     loss: float
     dropped_stale: int
     flagged_turns: int
+    #: Distinct policy versions that produced the turns trained on (each turn records its own).
+    turn_versions: tuple[int, ...] = ()
 
 
 class RlLoop:
@@ -151,6 +153,9 @@ class RlLoop:
             loss=float(getattr(stats, "loss", 0.0)),
             dropped_stale=self.consumer.stats.dropped_stale,
             flagged_turns=int(batch.flagged_rows.numel()),
+            turn_versions=tuple(
+                sorted({turn.policy_version for t in trajectories for turn in t.turns})
+            ),
         )
 
     def _prune_exports(self, current: Path) -> None:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
@@ -40,8 +42,8 @@ class SessionConfig:
 
 def _table(config: SessionConfig, history: list[StepReport], status: str) -> Table:
     table = Table(title=f"cstack rl · {config.environment} · {status}")
-    for column in ("step", "version", "mean reward", "invalid tool rate", "staleness",
-                   "rollouts/s", "tokens/s", "loss", "dropped stale"):  # fmt: skip
+    for column in ("step", "version", "reward", "invalid tools", "staleness", "rollouts/s",
+                   "tokens/s", "loss", "dropped"):  # fmt: skip
         table.add_column(column, justify="right")
     for r in history[-15:]:
         table.add_row(
@@ -80,7 +82,11 @@ class RlSession:
         logs.mkdir(parents=True, exist_ok=True)
         status = ["starting"]
         history: list[StepReport] = []
-        live = self.stack.enter_context(Live(_table(c, history, "starting"), refresh_per_second=2))
+        # Piped output (logs, CI) gets a width that fits every column, not rich's 80.
+        console = Console() if sys.stdout.isatty() else Console(width=110)
+        live = self.stack.enter_context(
+            Live(_table(c, history, "starting"), console=console, refresh_per_second=2)
+        )
 
         def show(text: str) -> None:
             status[0] = text
