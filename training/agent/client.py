@@ -62,7 +62,8 @@ class PolicyClient:
         response = self._client.chat.completions.create(
             model=s.model,
             messages=messages,  # type: ignore[arg-type]
-            tools=tools,  # type: ignore[arg-type]
+            # vLLM refuses an empty tool list: a tool-less turn omits the field.
+            tools=tools or openai.NOT_GIVEN,  # type: ignore[arg-type]
             max_tokens=s.max_tokens,
             temperature=s.temperature,
             top_p=s.top_p,

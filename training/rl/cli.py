@@ -12,7 +12,9 @@ import typer
 
 def rl(
     steps: int = typer.Option(20, help="Optimizer steps (each pushes new weights to vLLM)."),
-    environment: str = typer.Option("digits", help="digits (learnable on CPU) or coding."),
+    environment: str = typer.Option(
+        "digits", help="digits or toolchoice (learnable on CPU), or coding."
+    ),
     task: list[str] = typer.Option(
         [], "--task", help="Task ids (coding: folders in the task dir)."
     ),
@@ -45,8 +47,8 @@ def rl(
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from training.rl.session import RlSession, SessionConfig
 
-    if environment not in ("digits", "coding"):
-        raise typer.BadParameter("must be digits or coding", param_hint="--environment")
+    if environment not in ("digits", "toolchoice", "coding"):
+        raise typer.BadParameter("must be digits, toolchoice or coding", param_hint="--environment")
     if environment == "coding" and not task:
         raise typer.BadParameter("coding needs --task ids from `cstack tasks build`")
     missing = [

@@ -40,6 +40,11 @@ class SessionConfig:
     policy_url: str = ""
 
 
+def _default_tasks(environment: str) -> tuple[str, ...]:
+    prefix = "tools" if environment == "toolchoice" else environment
+    return tuple(f"{prefix}-{i}" for i in range(4))
+
+
 def _table(config: SessionConfig, history: list[StepReport], status: str) -> Table:
     table = Table(title=f"cstack rl · {config.environment} · {status}")
     for column in ("step", "version", "reward", "invalid tools", "staleness", "rollouts/s",
@@ -146,7 +151,7 @@ class RlSession:
                                                  queue=queue),
             config=LoopConfig(
                 environment=c.environment,
-                task_ids=c.task_ids or tuple(f"digits-{i}" for i in range(4)),
+                task_ids=c.task_ids or _default_tasks(c.environment),
                 groups_per_step=c.groups_per_step, queued_groups=2 * c.groups_per_step,
                 export_dir=c.out / "weights", grpo=grpo,
             ),

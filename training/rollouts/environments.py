@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -19,6 +20,7 @@ from training.agent import (
     EpisodeResult,
     Policy,
     TestOutcome,
+    ToolCall,
     ToolResult,
     Trajectory,
     Turn,
@@ -42,6 +44,7 @@ def _trajectory(
     raw_reward: float,
     evidence: EpisodeEvidence,
     feedback: TextFeedbackConfig,
+    tool_names: Sequence[str] = TOOL_NAMES,
 ) -> Trajectory:
     verdicts = check_episode(evidence)
     versions = [t.policy_version for t in result.turns] or [request.policy_version]
@@ -57,7 +60,7 @@ def _trajectory(
         raw_reward=raw_reward,
         tests=result.tests,
         verdicts=verdicts,
-        feedback=detect_feedback(result.turns, TOOL_NAMES, feedback),
+        feedback=detect_feedback(result.turns, tool_names, feedback),
         invalid_tool_calls=result.invalid_tool_calls,
         tool_calls=result.tool_calls,
         ended_by=result.ended_by,
@@ -138,3 +141,65 @@ class DigitsEnvironment:
         )  # fmt: skip
         result = EpisodeResult([turn], [], [], "single_turn", len(results), invalid, None)
         return _trajectory(request, result, reward, EpisodeEvidence(), self.feedback)
+
+
+#: Single-token names whose token also appears verbatim inside a hint that lists them, so a
+#: small model can learn to copy a listed name (see bench/rl_toolchoice.py).
+TOOLCHOICE_TOOLS = ("name", "item", "class", "lib", "day", "ment", "ver", "ror")
+
+
+def toolchoice_available(task_id: str) -> list[str]:
+    """Task ``tools-k`` offers four of the eight names; neighbouring tasks share two."""
+    prefix, _, index = task_id.rpartition("-")
+    if prefix != "tools" or not index.isdigit():
+        raise ValueError(f"toolchoice task ids look like 'tools-0', not {task_id!r}")
+    start = 2 * (int(index) % 4)
+    return [TOOLCHOICE_TOOLS[(start + i) % len(TOOLCHOICE_TOOLS)] for i in range(4)]
+
+
+def toolchoice_prompt(task_id: str) -> str:
+    return f"Call one tool. ({task_id})"
+
+
+def toolchoice_hint(tool_names: Sequence[str], feedback: TextFeedbackConfig) -> str:
+    """The hint detect_feedback inserts for an unknown tool, for these available tools."""
+    trigger = next(t for t in feedback.triggers if t.unknown_tool)
+    return trigger.hint.format(tools=", ".join(tool_names))
+
+
+@dataclass
+class ToolChoiceEnvironment:
+    """One turn whose reply is a tool name: reward 1 for a tool the task offers.
+
+    The prompt does not list the task's tools; calling one it lacks is answered "Tool not
+    found", which is what targeted text feedback's ``unknown_tool`` trigger fires on. Small
+    enough for the tiny model on CPU, and the invalid-tool-call rate is its whole story.
+    """
+
+    feedback: TextFeedbackConfig
+    name: str = "toolchoice"
+
+    def run(self, request: RolloutRequest, policy: Policy, gate: VersionGate) -> Trajectory:
+        available = toolchoice_available(request.task_id)
+        messages = [{"role": "user", "content": toolchoice_prompt(request.task_id)}]
+        with gate() as version:
+            completion = policy.complete(messages, [])
+        called = completion.text.strip()
+        calls, results = [], []
+        if called in TOOLCHOICE_TOOLS:
+            valid = called in available
+            calls = [ToolCall(call_id="call-0", name=called, arguments="{}")]
+            reply = "ok" if valid else f"Tool not found: {called!r}"
+            results = [ToolResult(call_id="call-0", name=called, ok=valid, content=reply)]
+        invalid = sum(not r.ok for r in results)
+        turn = Turn(
+            index=0, policy_version=version, prompt_token_ids=completion.prompt_token_ids,
+            completion_token_ids=completion.completion_token_ids,
+            completion_logprobs=completion.logprobs, completion_text=completion.text,
+            finish_reason=completion.finish_reason, tool_calls=calls, tool_results=results,
+        )  # fmt: skip
+        reward = float(len(calls) - invalid)
+        result = EpisodeResult([turn], [], [], "single_turn", len(calls), invalid, None)
+        return _trajectory(
+            request, result, reward, EpisodeEvidence(), self.feedback, tool_names=available
+        )

@@ -20,7 +20,12 @@ from prometheus_client import start_http_server
 
 from training.agent import EpisodeConfig, PolicyClient, SamplingConfig
 from training.rl import load_feedback_config
-from training.rollouts.environments import CodingEnvironment, DigitsEnvironment, Environment
+from training.rollouts.environments import (
+    CodingEnvironment,
+    DigitsEnvironment,
+    Environment,
+    ToolChoiceEnvironment,
+)
 from training.rollouts.gate import PolicyVersionGate, SyncTimeout, gate_prefix
 from training.rollouts.metrics import REWARD, ROLLOUTS
 from training.rollouts.publish import TrajectoryPublisher
@@ -91,6 +96,7 @@ def _environments() -> dict[str, Environment]:
     envs: list[Environment] = [
         CodingEnvironment(settings.rl_task_dir, episode, feedback),
         DigitsEnvironment(feedback),
+        ToolChoiceEnvironment(feedback),
     ]
     return {env.name: env for env in envs}
 
