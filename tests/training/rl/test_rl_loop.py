@@ -1,7 +1,7 @@
 """The RL loop end to end on real parts: Celery rollout worker, the session's vLLM, Valkey,
-the trainer core on the tiny checkpoint. The engine list of the weight sync is empty here
-(the CI vLLM runs without its dev endpoints), so the sync only advances the version;
-test_rl_weight_sync.py covers the reload into vLLM itself.
+the trainer core on the tiny checkpoint. The engine list of the weight sync is empty here,
+so the sync only advances the version and the shared engine keeps its weights;
+test_rl_weight_sync.py and test_rl_session.py cover pushes into vLLM itself.
 """
 
 from __future__ import annotations
