@@ -7,7 +7,8 @@ the sampling policy. The trainer recomputes the loss on exactly these ids.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import copy
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import openai
@@ -53,6 +54,16 @@ class PolicyClient:
             base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=max_retries
         )
         self.sampling = sampling
+
+    def seeded(self, seed: int | None) -> PolicyClient:
+        """The same connection, sampling with vLLM's per-request ``seed`` (None: unseeded)."""
+        if seed is None:
+            return self
+        twin = copy.copy(self)
+        twin.sampling = replace(
+            self.sampling, extra_body={**self.sampling.extra_body, "seed": seed}
+        )
+        return twin
 
     def close(self) -> None:
         self._client.close()

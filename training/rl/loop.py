@@ -51,6 +51,9 @@ class LoopConfig:
     queued_groups: int = 4
     export_dir: Path = Path(".cstack/rl/weights")
     keep_exports: int = 2
+    #: Seeds vLLM's sampling of the k-th submitted rollout with ``sampling_seed * 10**6 + k``
+    #: (None: unseeded), so two runs with the same seed draw the same random numbers.
+    sampling_seed: int | None = None
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
 
 
@@ -88,6 +91,7 @@ class RlLoop:
         self.encode, self.pad_id, self.teacher = encode, pad_id, teacher
         self.step = 0
         self._submitted_groups = 0
+        self._submitted_rollouts = 0
         self._tasks = itertools.cycle(config.task_ids)
         self._started = time.monotonic()
 
@@ -104,8 +108,15 @@ class RlLoop:
                 self.submit(RolloutRequest(
                     rollout_id=uuid.uuid4().hex, task_id=task_id,
                     environment=self.config.environment, policy_version=version,
+                    seed=self._next_seed(),
                 ))  # fmt: skip
             self._submitted_groups += 1
+
+    def _next_seed(self) -> int | None:
+        self._submitted_rollouts += 1
+        if self.config.sampling_seed is None:
+            return None
+        return self.config.sampling_seed * 10**6 + self._submitted_rollouts
 
     def run_step(self, timeout_s: float = 3600.0) -> StepReport:
         started = time.monotonic()

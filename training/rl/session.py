@@ -153,7 +153,7 @@ class RlSession:
                 environment=c.environment,
                 task_ids=c.task_ids or _default_tasks(c.environment),
                 groups_per_step=c.groups_per_step, queued_groups=2 * c.groups_per_step,
-                export_dir=c.out / "weights", grpo=grpo,
+                export_dir=c.out / "weights", grpo=grpo, sampling_seed=c.seed,
             ),
             encode=lambda text: tokenizer.encode(text, add_special_tokens=False).ids,
             pad_id=pad_id,

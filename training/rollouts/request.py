@@ -12,4 +12,6 @@ class RolloutRequest(BaseModel):
     task_id: str
     environment: str
     policy_version: int
-    seed: int = 0
+    #: vLLM's per-request sampling seed; None samples unseeded. Two runs that give the k-th
+    #: rollout the same seed share their random numbers (common random numbers).
+    seed: int | None = None

@@ -112,7 +112,7 @@ def run_rollout_request(request: RolloutRequest) -> str:
     if environment is None:
         raise ValueError(f"unknown environment {request.environment!r}")
     gate = PolicyVersionGate(_redis(), gate_prefix(settings.rl_trajectory_stream))
-    trajectory = environment.run(request, _policy(), gate.turn)
+    trajectory = environment.run(request, _policy().seeded(request.seed), gate.turn)
     entry = publisher.publish(trajectory)
     ROLLOUTS.labels(env=trajectory.environment).inc()
     REWARD.labels(env=trajectory.environment).observe(trajectory.reward)

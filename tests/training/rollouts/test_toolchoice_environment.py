@@ -70,3 +70,20 @@ def test_a_real_turn_without_tools(vllm_url: str) -> None:
     (turn,) = trajectory.turns
     assert turn.prompt_token_ids and len(turn.completion_logprobs) == len(turn.completion_token_ids)
     assert trajectory.reward in (0.0, 1.0)
+
+
+@pytest.mark.vllm
+def test_a_seeded_rollout_repeats_its_sample(vllm_url: str) -> None:
+    """Same request seed, same weights: the same tokens (so two runs share random numbers)."""
+    env = ToolChoiceEnvironment(load_feedback_config())
+    policy = PolicyClient(f"{vllm_url}/v1", "none", SamplingConfig(max_tokens=6))
+
+    def sample(seed: int) -> list[int]:
+        request = RolloutRequest(rollout_id="r", task_id="tools-2", environment="toolchoice",
+                                 policy_version=0, seed=seed)  # fmt: skip
+        trajectory = env.run(request, policy.seeded(request.seed), fixed_version(0))
+        return trajectory.turns[0].completion_token_ids
+
+    first = sample(11)
+    assert sample(11) == first
+    assert any(sample(seed) != first for seed in (12, 13, 14))
