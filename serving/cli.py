@@ -45,8 +45,9 @@ def serve(
         bool,
         typer.Option(
             "--weight-sync",
-            help="Expose vLLM's weight-reload endpoints (VLLM_SERVER_DEV_MODE=1) so the RL "
-            "trainer can push new weights. Only for engines reachable from the gateway and "
+            help="Let the RL trainer push new weights into this engine while it serves "
+            "(vLLM's dev endpoints and the weight-reload worker extension, from the variants "
+            "file's weight_sync section). Only for engines reachable from the gateway and "
             "trainer alone.",
         ),
     ] = False,
@@ -63,12 +64,10 @@ def serve(
     if variant not in VARIANTS:
         raise typer.BadParameter(f"must be one of {', '.join(VARIANTS)}", param_hint="--variant")
     try:
-        server = engine_for_variant(variant, model, port, host=host)
+        server = engine_for_variant(variant, model, port, host=host, weight_sync=weight_sync)
     except VariantError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    if weight_sync:
-        server.env["VLLM_SERVER_DEV_MODE"] = "1"
     if print_args:
         typer.echo(" ".join(server.command))
         return

@@ -7,7 +7,7 @@ from pathlib import Path
 from serving.launcher import VllmServer
 from serving.profile import detect_profile
 from serving.settings import ServingSettings
-from serving.variants import load_variants
+from serving.variants import engine_args_to_cli, load_variants
 
 
 def engine_for_variant(
@@ -17,12 +17,18 @@ def engine_for_variant(
     settings: ServingSettings | None = None,
     log_path: Path | None = None,
     host: str = "127.0.0.1",
+    weight_sync: bool = False,
 ) -> VllmServer:
+    """The engine for ``variant``; ``weight_sync`` adds what a trainer needs to push new
+    weights into it while it serves (the variants file's ``weight_sync`` section)."""
     settings = settings or ServingSettings()
     book = load_variants(settings.variants_file)
     profile = detect_profile(settings.serving_profile)
     args = book.cli_args(variant, profile)
     env = {"VLLM_CPU_KVCACHE_SPACE": str(settings.vllm_cpu_kvcache_gib)} if profile == "cpu" else {}
+    if weight_sync:
+        args += engine_args_to_cli(book.weight_sync.engine_args)
+        env.update(book.weight_sync.env)
     return VllmServer(
         model_dir=Path(model_dir),
         port=port,

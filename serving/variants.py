@@ -31,10 +31,19 @@ class Variant:
 
 
 @dataclass(frozen=True)
+class WeightSync:
+    """Environment and engine arguments that let a trainer swap weights into an engine."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    engine_args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class VariantBook:
     served_model_name: str
     variants: dict[str, Variant]
     profiles: dict[str, dict[str, Any]]
+    weight_sync: WeightSync = field(default_factory=WeightSync)
 
     def variant(self, name: str) -> Variant:
         try:
@@ -97,8 +106,13 @@ def load_variants(path: Path) -> VariantBook:
     for tier in TIERS:
         if tier not in variants:
             raise VariantError(f"variants file {path} lacks the {tier!r} variant")
+    sync = raw.get("weight_sync") or {}
     return VariantBook(
         served_model_name=str(raw.get("served_model_name", "composer-2.5")),
         variants=variants,
         profiles={k: dict(v or {}) for k, v in (raw.get("profiles") or {}).items()},
+        weight_sync=WeightSync(
+            env={k: str(v) for k, v in (sync.get("env") or {}).items()},
+            engine_args=dict(sync.get("engine_args") or {}),
+        ),
     )

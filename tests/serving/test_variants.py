@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 from pathlib import Path
 
@@ -77,3 +78,17 @@ def test_serve_print_args_and_bad_variant(tiny_model: Path) -> None:
     )
     assert bad.returncode == 2
     assert "--variant" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_weight_sync_adds_dev_endpoints_and_the_reload_extension(tiny_model: Path) -> None:
+    from serving.engine import engine_for_variant
+
+    plain = engine_for_variant("shared", tiny_model, 8100)
+    synced = engine_for_variant("shared", tiny_model, 8100, weight_sync=True)
+    assert "VLLM_SERVER_DEV_MODE" not in plain.env
+    assert "--worker-extension-cls" not in plain.command
+    assert synced.env["VLLM_SERVER_DEV_MODE"] == "1"
+    extension = synced.command[synced.command.index("--worker-extension-cls") + 1]
+    module, _, cls = extension.rpartition(".")
+    # The class vLLM's workers will import must exist where the variants file says.
+    assert hasattr(importlib.import_module(module), cls)
