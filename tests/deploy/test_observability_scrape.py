@@ -10,9 +10,8 @@ scraping all four every second with the alert rules loaded. Traffic goes through
 
 Exempt from "returns data" (they must still evaluate without error), because no process
 here exports them:
-- cstack_rollouts_total, cstack_rollout_reward: `cstack worker rollouts` cannot serve its
-  metrics yet (its worker_process_init hook fails: `from celery import current_process`
-  raises ImportError in training/rollouts/worker.py), so there is nothing to scrape;
+- cstack_rollouts_total, cstack_rollout_reward: no rollout worker runs in this stack (a
+  real worker's /metrics is checked in tests/training/rollouts/test_rollout_workers.py);
 - cstack_policy_staleness: the RL loop observes it after an optimizer step that pushed new
   weights into vLLM through its dev endpoints; that loop is not run here (the session's
   vLLM is shared, and `cstack rl` starts a vLLM of its own);

@@ -28,7 +28,9 @@ def rl(
     workers: int = typer.Option(1, help="Rollout worker processes."),
     max_tokens: int = typer.Option(32, help="Max tokens per model turn."),
     lr: float = typer.Option(0.02, help="Muon learning rate (AdamW parts: lr / 10)."),
-    seed: int = typer.Option(0, help="Seed of the trainer, the tiny checkpoint and rollout sampling."),
+    seed: int = typer.Option(
+        0, help="Seed of the trainer, the tiny checkpoint and rollout sampling."
+    ),
     metrics_port: int | None = typer.Option(
         None, help="Serve trainer and staleness metrics here; workers use the next ports."
     ),

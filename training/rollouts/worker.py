@@ -65,7 +65,7 @@ celery_app = make_celery(settings)
 def _serve_metrics(**_: object) -> None:
     """Each worker process serves /metrics on its own port (base + process index)."""
     if settings.rl_metrics_port is not None:
-        from celery import current_process
+        from billiard import current_process
 
         index = getattr(current_process(), "index", 0) or 0
         try:

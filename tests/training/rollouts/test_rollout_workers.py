@@ -12,9 +12,11 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import redis
 
+from tests.conftest import free_port
 from training.agent import Trajectory, Turn
 from training.rollouts import PolicyVersionGate, RolloutRequest, TrajectoryPublisher
 
@@ -75,6 +77,7 @@ def worker_env(redis_url: str, vllm_url: str) -> dict[str, str]:
         "CSTACK_RL_ROLLOUT_QUEUE": f"rollouts-{suffix}",
         "CSTACK_RL_TRAJECTORY_STREAM": f"traj-{suffix}",
         "CSTACK_RL_ROLLOUT_REDELIVER_S": "4",
+        "CSTACK_RL_METRICS_PORT": str(free_port()),
         "OMP_NUM_THREADS": "1",
     }
 
@@ -140,6 +143,15 @@ def test_worker_killed_mid_episode_loses_and_duplicates_nothing(
     published = _stream_rollouts(client, stream)
     assert sorted(published) == sorted(r.rollout_id for r in requests)
     assert killed_at < len(requests)
+    # The surviving worker's pool process serves the rollout metrics (base port + index 0).
+    metrics = httpx.get(f"http://127.0.0.1:{worker_env['CSTACK_RL_METRICS_PORT']}/metrics").text
+    finished = [
+        float(line.split()[-1])
+        for line in metrics.splitlines()
+        if line.startswith('cstack_rollouts_total{env="digits"}')
+    ]
+    assert finished and finished[0] >= len(requests) - killed_at
+    assert 'cstack_rollout_reward_count{env="digits"}' in metrics
     for _, data in client.xrange(stream):
         trajectory = Trajectory.model_validate_json(data[b"trajectory"])
         (turn,) = trajectory.turns
