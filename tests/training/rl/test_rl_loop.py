@@ -38,7 +38,7 @@ def test_loop_trains_on_fresh_groups_and_advances_the_version(
     queue, stream = f"rollouts-{run}", f"traj-{run}"
     env = {**os.environ, "CSTACK_REDIS_URL": redis_url, "CSTACK_RL_POLICY_URL": f"{vllm_url}/v1",
            "CSTACK_RL_ROLLOUT_QUEUE": queue, "CSTACK_RL_TRAJECTORY_STREAM": stream,
-           "CSTACK_RL_MAX_TOKENS": "8", "OMP_NUM_THREADS": "1"}  # fmt: skip
+           "CSTACK_RL_MAX_TOKENS": "16", "OMP_NUM_THREADS": "1"}  # fmt: skip
     log = (tmp_path / "worker.log").open("wb")
     worker = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "training.rollouts.worker:celery_app", "worker",
@@ -46,7 +46,10 @@ def test_loop_trains_on_fresh_groups_and_advances_the_version(
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     try:
-        grpo = GRPOConfig(group_size=2, max_staleness=1, feedback=load_feedback_config())
+        # Groups of 4 replies of 16 tokens: a group whose rewards are all equal (no digit in
+        # any reply) has no advantage and so no gradient; with 2 x 8 tokens that happened
+        # in all three steps about one run in twelve.
+        grpo = GRPOConfig(group_size=4, max_staleness=1, feedback=load_feedback_config())
         trainer = Trainer(
             TrainerConfig(model_path=tiny_model, seed=0, batch_size=1, seq_len=1,
                           optimizer=MuonConfig(lr=0.02, adamw_lr=0.002)),
