@@ -15,8 +15,7 @@ from typing import Any
 import httpx
 
 from deploy.settings import DeploySettings
-from serving import ManagedProcess, ServingSettings, build_tiny_checkpoint
-from serving.engine import engine_for_variant
+from serving import ManagedProcess, ServingSettings, build_tiny_checkpoint, engine_for_variant
 
 DEV_ORG = "local"
 

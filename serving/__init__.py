@@ -1,5 +1,6 @@
 """Serving: tier variants, the vLLM launcher and the tiny dev/test checkpoint."""
 
+from serving.engine import engine_for_variant
 from serving.launcher import VllmServer
 from serving.process import ManagedProcess, ServerStartError, StopRequested, stop_signals_raise
 from serving.profile import detect_profile
@@ -19,6 +20,7 @@ __all__ = [
     "VllmServer",
     "build_tiny_checkpoint",
     "detect_profile",
+    "engine_for_variant",
     "load_variants",
     "stop_signals_raise",
 ]

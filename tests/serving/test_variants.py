@@ -81,7 +81,7 @@ def test_serve_print_args_and_bad_variant(tiny_model: Path) -> None:
 
 
 def test_weight_sync_adds_dev_endpoints_and_the_reload_extension(tiny_model: Path) -> None:
-    from serving.engine import engine_for_variant
+    from serving import engine_for_variant
 
     plain = engine_for_variant("shared", tiny_model, 8100)
     synced = engine_for_variant("shared", tiny_model, 8100, weight_sync=True)
@@ -92,3 +92,6 @@ def test_weight_sync_adds_dev_endpoints_and_the_reload_extension(tiny_model: Pat
     module, _, cls = extension.rpartition(".")
     # The class vLLM's workers will import must exist where the variants file says.
     assert hasattr(importlib.import_module(module), cls)
+    from training.rollouts.vllm_extension import WORKER_EXTENSION
+
+    assert extension == WORKER_EXTENSION

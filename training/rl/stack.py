@@ -11,8 +11,7 @@ import sys
 from contextlib import ExitStack
 from pathlib import Path
 
-from serving import ServingSettings, VllmServer, detect_profile, load_variants
-from training.rollouts.vllm_extension import WORKER_EXTENSION
+from serving import engine_for_variant
 
 
 def _free_port() -> int:
@@ -33,20 +32,11 @@ def start_valkey(stack: ExitStack) -> str:
 
 
 def start_engine(stack: ExitStack, model: Path, log_dir: Path, timeout_s: float) -> str:
-    """vLLM on the shared variant, with VLLM_SERVER_DEV_MODE and the worker extension for
-    exact in-place weight reload."""
-    settings = ServingSettings()
-    book = load_variants(settings.variants_file)
-    profile = detect_profile(settings.serving_profile)
-    env = {"VLLM_SERVER_DEV_MODE": "1"}
-    if profile == "cpu":
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(settings.vllm_cpu_kvcache_gib)
-    server = VllmServer(
-        model_dir=model, port=_free_port(), host="127.0.0.1",
-        engine_args=[*book.cli_args("shared", profile), "--worker-extension-cls", WORKER_EXTENSION],
-        served_model_name=book.served_model_name,
-        log_path=log_dir / "vllm.log", env=env,
-    )  # fmt: skip
+    """vLLM on the shared variant with weight sync on (dev endpoints and the worker
+    extension for exact in-place weight reload: serving's ``weight_sync`` section)."""
+    server = engine_for_variant(
+        "shared", model, _free_port(), log_path=log_dir / "vllm.log", weight_sync=True
+    )
     server.start()
     stack.callback(server.stop)
     server.wait_healthy(timeout_s=timeout_s)
