@@ -189,8 +189,13 @@ def observed(
         # The pipeline's last step: usage in the ledger reported to Stripe (once the
         # minute it happened in has closed), and Prometheus has scraped that.
         wait_until(
-            # rate() needs two samples of the counter, so wait for the second scrape.
-            lambda: api.query('rate(cstack_stripe_meter_events_total{result="sent"}[5m])'),
+            # rate() needs two samples of the counter, so wait for the second scrape. Only
+            # the worker's series: pytest's own registry (served by the in-process
+            # gateway) may hold a stale count from the billing tests' in-process syncs.
+            lambda: api.query(
+                "count_over_time("
+                'cstack_stripe_meter_events_total{result="sent", job="billing-worker"}[5m]) >= 2'
+            ),
             120,
             "a Stripe meter event to be sent and scraped",
         )
@@ -286,7 +291,11 @@ def test_dashboard_revenue_equals_the_ledgers_list_cost(observed: ObservedStack)
 
 
 def test_stripe_received_the_meter_events_the_metrics_count(observed: ObservedStack) -> None:
-    sent = observed.prometheus.query('sum(cstack_stripe_meter_events_total{result="sent"})')
+    # Only the worker's own count: the in-process gateway shares pytest's registry, where
+    # the billing tests' in-process Stripe syncs have already counted events of their own.
+    sent = observed.prometheus.query(
+        'sum(cstack_stripe_meter_events_total{result="sent", job="billing-worker"})'
+    )
     assert len(observed.stripe.events) >= int(float(sent[0]["value"][1])) > 0
     assert {event["payload[stripe_customer_id]"] for event in observed.stripe.events} == {CUSTOMER}
 
