@@ -403,6 +403,9 @@ def main() -> None:
             "CSTACK_REDIS_URL": str(valkey.connection_url),
             "CSTACK_UPSTREAM_URL": f"http://127.0.0.1:{upstream_port}",
             "CSTACK_LOG_LEVEL": "warning",
+            # The relay's own overhead: no metering (billing's admission has its own
+            # benchmark, bench/metering.py) and so no per-key rate limits in the way.
+            "CSTACK_BILLING": "false",
         }
         processes.append(start_gateway(gateway_port, env))
         key = make_key(str(valkey.connection_url))
