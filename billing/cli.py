@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
+
+if TYPE_CHECKING:
+    from redis import Redis
+
+    from billing.settings import BillingSettings
 
 billing_app = typer.Typer(help="Billing: invoices and the usage ledger.", no_args_is_help=True)
 
@@ -58,6 +63,73 @@ def migrate_ledger() -> None:
 
     migrate(make_engine(BillingSettings().ledger_url))
     typer.echo("ledger schema is up to date")
+
+
+dead_letters_app = typer.Typer(
+    help="Usage events the ledger could not write: list them, replay them once fixed.",
+    no_args_is_help=True,
+)
+billing_app.add_typer(dead_letters_app, name="dead-letters")
+
+
+def _redis_and_settings() -> tuple[Redis, BillingSettings]:
+    from redis import Redis
+
+    from billing.settings import BillingSettings
+
+    settings = BillingSettings()
+    return Redis.from_url(settings.redis_url), settings
+
+
+@dead_letters_app.command("list")
+def dead_letters_list(
+    limit: int = typer.Option(100, min=1, help="Show at most this many, oldest first."),
+) -> None:
+    """Print each dead letter: its id, the request it bills, and why it was set aside."""
+    from redis.exceptions import RedisError
+
+    from billing.dead_letters import list_dead_letters
+
+    redis, settings = _redis_and_settings()
+    try:
+        letters = list_dead_letters(redis, settings, limit)
+    except (RedisError, OSError) as exc:
+        _fail(f"cannot reach Redis at CSTACK_REDIS_URL ({type(exc).__name__})")
+    if not letters:
+        typer.echo("no dead letters")
+    for letter in letters:
+        request = letter.request_id or "(not a usage event)"
+        reason = " ".join(letter.reason.split())  # one line per letter, greppable
+        typer.echo(f"{letter.entry_id}  {request}  {reason}")
+
+
+@dead_letters_app.command("replay")
+def dead_letters_replay(
+    entry_ids: list[str] = typer.Argument(
+        None, help="Dead-letter ids (from `list`) to replay.", show_default=False
+    ),
+    replay_all: bool = typer.Option(False, "--all", help="Replay every dead letter."),
+) -> None:
+    """Put dead letters back on the usage stream for the billing worker to write again.
+
+    Replaying is safe to repeat: the ledger ignores an event id it already holds.
+    """
+    from redis.exceptions import RedisError, ResponseError
+
+    from billing.dead_letters import replay_dead_letters
+
+    if bool(entry_ids) == replay_all:
+        _fail("give dead-letter ids or --all (not both)")
+    redis, settings = _redis_and_settings()
+    try:
+        replayed = replay_dead_letters(redis, settings, None if replay_all else entry_ids)
+    except KeyError as exc:
+        _fail(f"no dead letter with id {exc.args[0]}; nothing was replayed")
+    except ResponseError as exc:
+        _fail(f"not a dead-letter id ({exc}); nothing was replayed")
+    except (RedisError, OSError) as exc:
+        _fail(f"cannot reach Redis at CSTACK_REDIS_URL ({type(exc).__name__})")
+    typer.echo(f"replayed {len(replayed)} dead letter(s) onto the usage stream")
 
 
 def worker_billing(

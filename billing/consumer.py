@@ -76,6 +76,7 @@ class UsageStreamConsumer:
                 break
             self._process(entries, result, reclaimed=False)
         metrics.usage_stream_lag.set(self.redis.xlen(self.stream))
+        metrics.usage_dead_letters.set(self.redis.xlen(self.settings.usage_dead_letter_stream))
         return result
 
     def _reclaim(self) -> list[Entry]:

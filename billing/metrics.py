@@ -29,6 +29,10 @@ price_nano_usd_per_token = Gauge(
 usage_stream_lag = Gauge(
     "cstack_usage_stream_lag_events", "Usage stream entries not yet in the ledger."
 )
+usage_dead_letters = Gauge(
+    "cstack_usage_dead_letters",
+    "Usage events set aside as unwritable; `cstack billing dead-letters` lists and replays them.",
+)
 ledger_rows = Counter("cstack_ledger_rows_total", "Usage rows written to the ledger.")
 stripe_meter_events = Counter(
     "cstack_stripe_meter_events_total", "Stripe meter events by result.", ["result"]
