@@ -34,6 +34,7 @@ def gateway(
     log_level: Annotated[str | None, typer.Option(help="Log level (env CSTACK_LOG_LEVEL).")] = None,
 ) -> None:
     """Run the OpenAI-compatible gateway in front of the vLLM pools."""
+    import gc
     import importlib.util
 
     import uvicorn
@@ -58,6 +59,11 @@ def gateway(
     app = create_app(settings, meter)
     if settings.billing:
         app.include_router(billing.webhook_router)
+    # Everything allocated so far (modules, the app) lives as long as the process. Left
+    # in the collector's care, every full collection walks it: 40-60 ms pauses measured
+    # under load, which were the gateway's p99. Frozen, collections see request garbage only.
+    gc.collect()
+    gc.freeze()
     uvicorn.run(
         app,
         host=settings.host,

@@ -96,12 +96,15 @@ class Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.response: Response | None = None
         self.alive = True
+        #: Read when the response completes: httptools answers False once it has reset.
+        self.keep_alive = False
         self.idle_since = 0.0
         self._timer: asyncio.TimerHandle | None = None
 
     def send(self, request: bytes) -> Response:
         assert self.transport is not None
         self.response = Response(self)
+        self.keep_alive = False
         self._arm_timer()
         self.transport.write(request)
         return self.response
@@ -109,7 +112,7 @@ class Connection(asyncio.Protocol):
     def release(self, reusable: bool) -> None:
         self._disarm_timer()
         self.response = None
-        if reusable and self.alive and self.parser.should_keep_alive():
+        if reusable and self.alive and self.keep_alive:
             self.pool.put_back(self)
         else:
             self.abort()
@@ -175,6 +178,7 @@ class Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         assert self.response is not None
         self._disarm_timer()
+        self.keep_alive = self.parser.should_keep_alive()
         self.response.finish()
 
 
@@ -195,6 +199,8 @@ class ConnectionPool:
         self._idle: list[Connection] = []
         self._open: set[Connection] = set()
         self._slots = asyncio.Semaphore(limit)
+        #: Connections opened so far: with keep-alive working, about the peak concurrency.
+        self.opened = 0
 
     async def request(self, path: str, body: bytes, headers: dict[str, str]) -> Response:
         """POST and wait for the response head (the body is read from the response)."""
@@ -256,6 +262,7 @@ class ConnectionPool:
             self._slots.release()
             raise UpstreamConnectError(f"cannot connect: {type(exc).__name__}") from exc
         self._open.add(connection)
+        self.opened += 1
         return connection, False
 
     def put_back(self, connection: Connection) -> None:

@@ -47,11 +47,11 @@ def api_key(redis_url: str) -> str:
 
 
 @pytest.fixture
-def forwarders(vllm_url: str) -> Iterator[Callable[[], Forwarder]]:
+def forwarders(vllm_url: str) -> Iterator[Callable[..., Forwarder]]:
     started: list[Forwarder] = []
 
-    def start() -> Forwarder:
-        forwarder = Forwarder(vllm_url)
+    def start(*, overloaded: bool = False) -> Forwarder:
+        forwarder = Forwarder(vllm_url, overloaded=overloaded)
         started.append(forwarder)
         return forwarder
 

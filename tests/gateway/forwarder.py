@@ -3,6 +3,10 @@
 ``python tests/gateway/forwarder.py LISTEN_PORT TARGET_HOST TARGET_PORT`` relays bytes
 both ways; killing it (SIGKILL) drops every connection mid-flight exactly as a crashed
 vLLM replica would, while the shared vLLM behind it keeps running.
+
+With ``--overloaded`` it is a replica that is up but cannot serve: it passes its health
+check and answers every POST with 503 on a kept-alive connection, as an overloaded vLLM
+does, so the gateway's retry of a 5xx on another replica can be tested.
 """
 
 from __future__ import annotations
@@ -24,7 +28,32 @@ async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> No
             writer.close()
 
 
-async def main(listen_port: int, target_host: str, target_port: int) -> None:
+OVERLOADED_BODY = b'{"error":{"message":"engine overloaded","type":"server_error","code":503}}'
+
+
+async def answer_overloaded(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while head := await reader.readuntil(b"\r\n\r\n"):
+            length = 0
+            for line in head.lower().split(b"\r\n"):
+                if line.startswith(b"content-length:"):
+                    length = int(line.split(b":", 1)[1])
+            await reader.readexactly(length)
+            if head.startswith(b"GET /health"):
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+            else:
+                writer.write(
+                    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+                    b"content-length: %d\r\n\r\n%s" % (len(OVERLOADED_BODY), OVERLOADED_BODY)
+                )
+    except (asyncio.IncompleteReadError, ConnectionError, OSError):
+        pass
+    finally:
+        with contextlib.suppress(Exception):
+            writer.close()
+
+
+async def main(listen_port: int, target_host: str, target_port: int, overloaded: bool) -> None:
     async def handle(
         client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter
     ) -> None:
@@ -39,11 +68,14 @@ async def main(listen_port: int, target_host: str, target_port: int) -> None:
             pipe(client_reader, upstream_writer), pipe(upstream_reader, client_writer)
         )
 
-    server = await asyncio.start_server(handle, "127.0.0.1", listen_port)
+    server = await asyncio.start_server(
+        answer_overloaded if overloaded else handle, "127.0.0.1", listen_port
+    )
     print("ready", flush=True)
     async with server:
         await server.serve_forever()
 
 
 if __name__ == "__main__":
-    asyncio.run(main(int(sys.argv[1]), sys.argv[2], int(sys.argv[3])))
+    overloaded = "--overloaded" in sys.argv[4:]
+    asyncio.run(main(int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), overloaded))

@@ -87,7 +87,7 @@ def create_key(redis_url: str, org: str, plan: str = "") -> tuple[str, str]:
 class Forwarder:
     """A separate process relaying a port to an upstream; ``kill`` is a hard crash."""
 
-    def __init__(self, target_url: str) -> None:
+    def __init__(self, target_url: str, *, overloaded: bool = False) -> None:
         target = urlparse(target_url)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -98,6 +98,7 @@ class Forwarder:
                 str(self.port),
                 target.hostname or "",
                 str(target.port),
+                *(["--overloaded"] if overloaded else []),
             ],
             stdout=subprocess.PIPE,
             text=True,

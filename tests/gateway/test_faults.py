@@ -168,3 +168,45 @@ def test_silent_upstream_times_out_with_a_504(
     assert response.json()["error"]["code"] == "upstream_unavailable"
     metrics = httpx.get(f"{gateway.url}/metrics").text
     assert metric_value(metrics, "cstack_upstream_errors_total", tier="fast", kind="timeout") == 1
+
+
+def test_a_5xx_before_any_byte_is_retried_on_another_replica(
+    start_gateway: Callable[..., GatewayServer],
+    forwarders: Callable[..., Forwarder],
+    vllm_url: str,
+    api_key: str,
+) -> None:
+    """An overloaded replica (healthy, but every POST answers 503) costs no request: each
+    one that lands there first is sent once more, to the other replica."""
+    overloaded = forwarders(overloaded=True)
+    gateway = start_gateway(
+        fast_upstream_urls=[overloaded.url, vllm_url], standard_upstream_urls=[overloaded.url]
+    )
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=api_key, max_retries=0)
+    for stream in (False, True) * 3:
+        if stream:
+            chunks = client.chat.completions.create(
+                model="composer-2.5-fast", messages=MESSAGES, max_tokens=2, stream=True
+            )
+            assert [c for c in chunks if c.choices][-1].choices[0].finish_reason == "length"
+        else:
+            reply = client.chat.completions.create(
+                model="composer-2.5-fast", messages=MESSAGES, max_tokens=2
+            )
+            assert reply.choices[0].finish_reason == "length"
+    metrics = httpx.get(f"{gateway.url}/metrics").text
+    retries = metric_value(metrics, "cstack_upstream_retries_total", tier="fast")
+    errors = metric_value(metrics, "cstack_upstream_errors_total", tier="fast", kind="status_5xx")
+    assert retries == errors >= 2  # rotation sends about every other request there first
+    # A tier with no other replica has nothing to retry on: the 503 becomes a clear 502.
+    with pytest.raises(openai.InternalServerError) as caught:
+        client.chat.completions.create(
+            model="composer-2.5-standard", messages=MESSAGES, max_tokens=2
+        )
+    assert caught.value.status_code == 502
+    assert caught.value.body == {
+        "message": "engine overloaded",
+        "type": "server_error",
+        "param": None,
+        "code": "upstream_error",
+    }

@@ -1,0 +1,44 @@
+"""The upstream client against a real vLLM: connections are kept alive and reused."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pydantic_core
+import pytest
+
+from gateway.http1 import ConnectionPool
+
+pytestmark = pytest.mark.vllm
+
+
+def test_sequential_requests_reuse_one_connection(vllm_url: str) -> None:
+    """A new TCP connection per request would cost a connect (and a TIME_WAIT socket)
+    per request; httptools forgets keep-alive once a message completes, which once made
+    this client open one for every request."""
+
+    served_model = httpx.get(f"{vllm_url}/v1/models").json()["data"][0]["id"]
+
+    async def exchange() -> tuple[int, list[int]]:
+        pool = ConnectionPool(vllm_url, limit=8, connect_timeout_s=5, read_timeout_s=60)
+        statuses = []
+        try:
+            for stream in (False, True, False, True):
+                body = {"model": served_model, "prompt": "hi", "max_tokens": 2, "stream": stream}
+                response = await pool.request(
+                    "/v1/completions",
+                    pydantic_core.to_json(body),
+                    {"content-type": "application/json"},
+                )
+                await response.read()
+                response.close()
+                statuses.append(response.status)
+                statuses.append(await pool.get_status("/health"))
+            return pool.opened, statuses
+        finally:
+            pool.close()
+
+    opened, statuses = asyncio.run(exchange())
+    assert statuses == [200] * 8
+    assert opened == 1
