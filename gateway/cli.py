@@ -70,6 +70,7 @@ def gateway(
         port=settings.port,
         log_level=settings.log_level,
         access_log=False,
+        timeout_graceful_shutdown=settings.shutdown_grace_s,
         loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
         http="httptools" if importlib.util.find_spec("httptools") else "h11",
     )

@@ -3,15 +3,22 @@ a client hanging up mid-stream (vLLM must abort the request)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import socket
+import subprocess
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 from gateway_support import Forwarder, GatewayServer, RecordingMeter, metric_value
+
+from tests.conftest import cstack_command, free_port
 
 pytestmark = pytest.mark.vllm
 
@@ -210,3 +217,55 @@ def test_a_5xx_before_any_byte_is_retried_on_another_replica(
         "param": None,
         "code": "upstream_error",
     }
+
+
+def test_sigterm_with_a_stream_in_flight_exits_within_the_grace(
+    vllm_url: str, redis_url: str, api_key: str, tmp_path: Path
+) -> None:
+    """`cstack gateway` on SIGTERM lets in-flight requests finish for CSTACK_SHUTDOWN_GRACE_S,
+    then cancels them and exits: an endless stream cannot keep it (or its pod) alive."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "CSTACK_REDIS_URL": redis_url,
+        "CSTACK_UPSTREAM_URL": vllm_url,
+        "CSTACK_BILLING": "false",
+        "CSTACK_SHUTDOWN_GRACE_S": "1",
+    }
+    log = (tmp_path / "gateway.log").open("wb")
+    gateway = subprocess.Popen(
+        cstack_command("gateway", "--port", str(port)), env=env, stdout=log, stderr=log
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
+                    break
+            time.sleep(0.1)
+        client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key=api_key, max_retries=0, timeout=60
+        )
+        stream = client.chat.completions.create(
+            model="composer-2.5",
+            messages=MESSAGES,  # type: ignore[arg-type]
+            max_tokens=1500,
+            stream=True,
+            extra_body=ENDLESS,
+        )
+        next(iter(stream))
+        gateway.send_signal(signal.SIGTERM)
+        stopped_at = time.monotonic()
+        with contextlib.suppress(openai.APIError, httpx.HTTPError):
+            for _chunk in stream:
+                pass
+        # uvicorn re-raises the signal once its shutdown is done: "terminated by SIGTERM".
+        assert gateway.wait(timeout=30) == -signal.SIGTERM
+        assert time.monotonic() - stopped_at < 15
+    finally:
+        if gateway.poll() is None:
+            gateway.kill()
+        log.close()
+    logged = (tmp_path / "gateway.log").read_text()
+    assert "Cancel 1 running task(s), timeout graceful shutdown exceeded" in logged
+    assert "Application shutdown complete" in logged

@@ -24,6 +24,11 @@ def rl(
     group_size: int = typer.Option(4, help="Rollouts per task per GRPO group."),
     groups_per_step: int = typer.Option(2, help="Task groups per optimizer step."),
     feedback: bool = typer.Option(True, help="Targeted text feedback (hint KL)."),
+    feedback_config: Path | None = typer.Option(
+        None,
+        help="Triggers, hints and hint-KL coefficient as YAML "
+        "(default: training/rl/feedback.yaml).",
+    ),
     model: Path | None = typer.Option(None, help="HF checkpoint to start from (default: tiny)."),
     workers: int = typer.Option(1, help="Rollout worker processes."),
     max_tokens: int = typer.Option(32, help="Max tokens per model turn."),
@@ -47,6 +52,7 @@ def rl(
     import os
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    from training.rl.config import DEFAULT_FEEDBACK_FILE, FeedbackConfigError, load_feedback_config
     from training.rl.session import RlSession, SessionConfig
 
     if environment not in ("digits", "toolchoice", "coding"):
@@ -60,12 +66,17 @@ def rl(
         raise typer.BadParameter(
             f"no task.json for {missing[0]!r} in {task_dir}", param_hint="--task"
         )
+    feedback_file = (feedback_config or DEFAULT_FEEDBACK_FILE).resolve()
+    try:
+        load_feedback_config(feedback_file)  # a bad file fails here, before anything starts
+    except FeedbackConfigError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--feedback-config") from None
     config = SessionConfig(
         steps=steps, environment=environment, task_ids=tuple(task), group_size=group_size,
         groups_per_step=groups_per_step, feedback=feedback, model=model, workers=workers,
         max_tokens=max_tokens, lr=lr, seed=seed, out=out, run_id=uuid.uuid4().hex[:8],
         task_dir=task_dir.resolve(), metrics_port=metrics_port, redis_url=redis_url,
-        engine_urls=tuple(engine_url), policy_url=policy_url,
+        engine_urls=tuple(engine_url), policy_url=policy_url, feedback_config=feedback_file,
     )  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     report_path = out / "steps.jsonl"

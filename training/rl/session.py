@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from training.rl.config import GRPOConfig, load_feedback_config
+from training.rl.config import DEFAULT_FEEDBACK_FILE, GRPOConfig, load_feedback_config
 from training.rl.loop import LoopConfig, RlLoop, StepReport
 
 
@@ -38,6 +38,8 @@ class SessionConfig:
     redis_url: str = ""
     engine_urls: tuple[str, ...] = ()
     policy_url: str = ""
+    #: Triggers, hints and the hint-KL coefficient (YAML; see training/rl/feedback.yaml).
+    feedback_config: Path = DEFAULT_FEEDBACK_FILE
 
 
 def _default_tasks(environment: str) -> tuple[str, ...]:
@@ -128,7 +130,7 @@ class RlSession:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
         self.stack.callback(dist.destroy_process_group)
-        feedback = load_feedback_config()
+        feedback = load_feedback_config(c.feedback_config)
         grpo = GRPOConfig(group_size=c.group_size,
                           feedback=replace(feedback, enabled=c.feedback))  # fmt: skip
         trainer = Trainer(

@@ -109,6 +109,19 @@ def test_bad_feedback_yaml_is_named(tmp_path: Path, text: str, message: str) -> 
         load_feedback_config(path)
 
 
+def test_cstack_rl_names_a_bad_feedback_config_before_starting(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from deploy.cli import app
+
+    path = tmp_path / "fb.yaml"
+    path.write_text("kl_coeff: 1\n")
+    result = CliRunner().invoke(app, ["rl", "--feedback-config", str(path), "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "--feedback-config" in result.output and "unknown keys ['kl_coeff']" in result.output
+    assert not (tmp_path / "steps.jsonl").exists()
+
+
 def test_hint_goes_before_the_assistant_header() -> None:
     ids = hinted_prompt(encode("USER hello ASSIST"), "tools", FEEDBACK, encode)
     assert ids == encode("USER hello SYS tools END ASSIST")
