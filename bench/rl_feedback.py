@@ -8,7 +8,9 @@ Each arm is one `cstack rl` run: Valkey, rollout worker, trainer, a weight push 
 after every step. Without ``--engine-url`` each arm starts its own vLLM; with it, both
 arms share that (dev-mode, extension-enabled) engine and the script first pushes
 ``--model`` into it, so each arm starts from the same weights. Prints per-step curves and
-the first-quarter / last-quarter / whole-run means of both arms.
+the first-quarter / last-quarter / whole-run means of both arms. ``--seeds 0,1,2`` runs
+both arms once per seed and ends with the averages over seeds; ``--kl-coef`` overrides the
+hint-KL coefficient of training/rl/feedback.yaml (through ``cstack rl --feedback-config``).
 """
 
 from __future__ import annotations
@@ -34,17 +36,33 @@ def _reset_engine(url: str, model: Path, redis_url: str) -> None:
     VllmWeightSync([url], gate).push(model.resolve())
 
 
-def _arm(args: argparse.Namespace, feedback: bool) -> list[dict[str, float]]:
-    out = Path(args.out) / ("feedback" if feedback else "no-feedback")
+def _feedback_config(out: Path, kl_coef: float) -> Path:
+    """training/rl/feedback.yaml with another hint-KL coefficient."""
+    import yaml
+
+    from training.rl import DEFAULT_FEEDBACK_FILE
+
+    config = yaml.safe_load(DEFAULT_FEEDBACK_FILE.read_text())
+    config["kl_coef"] = kl_coef
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "feedback.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def _arm(args: argparse.Namespace, seed: int, feedback: bool) -> list[dict[str, float]]:
+    out = Path(args.out) / f"seed-{seed}" / ("feedback" if feedback else "no-feedback")
     command = [
         sys.executable, "-m", "deploy.cli", "rl", "--steps", str(args.steps),
-        "--environment", args.environment, "--seed", str(args.seed), "--out", str(out),
+        "--environment", args.environment, "--seed", str(seed), "--out", str(out),
         "--max-tokens", str(args.max_tokens), "--lr", str(args.lr),
         "--group-size", str(args.group_size), "--groups-per-step", str(args.groups_per_step),
         "--feedback" if feedback else "--no-feedback",
     ]  # fmt: skip
     if args.model:
         command += ["--model", str(args.model)]
+    if args.kl_coef is not None:
+        command += ["--feedback-config", str(_feedback_config(Path(args.out), args.kl_coef))]
     if args.engine_url:
         _reset_engine(args.engine_url, args.model, args.redis_url)
         command += ["--engine-url", args.engine_url, "--redis-url", args.redis_url]
@@ -56,14 +74,39 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
+def _summary(steps: list[dict[str, float]], window: int) -> dict[str, float]:
+    first, last = steps[:window], steps[-window:]
+    reward = [s["mean_reward"] for s in steps]
+    invalid = [s["invalid_tool_rate"] for s in steps]
+    return {
+        "reward first": _mean(reward[:window]), "reward last": _mean(reward[-window:]),
+        "reward all": _mean(reward),
+        "invalid first": _mean([s["invalid_tool_rate"] for s in first]),
+        "invalid last": _mean([s["invalid_tool_rate"] for s in last]),
+        "invalid all": _mean(invalid),
+    }  # fmt: skip
+
+
+def _print_table(title: str, rows: dict[str, dict[str, float]]) -> None:
+    columns = list(next(iter(rows.values())))
+    print(f"\n{title}")
+    print(f"{'arm':<12} " + " ".join(f"{c:>13}" for c in columns) + f" {'invalid drop':>13}")
+    for name, row in rows.items():
+        drop = row["invalid first"] - row["invalid last"]
+        print(f"{name:<12} " + " ".join(f"{row[c]:>13.3f}" for c in columns) + f" {drop:>13.3f}")
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--environment", default="toolchoice")
     parser.add_argument("--model", type=Path, default=None, help="start checkpoint")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", default="0", help="comma-separated; both arms per seed")
     parser.add_argument("--max-tokens", type=int, default=4)
     parser.add_argument("--lr", type=float, default=0.02)
+    parser.add_argument("--kl-coef", type=float, default=None, help="hint-KL coefficient")
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--groups-per-step", type=int, default=2)
     parser.add_argument("--engine-url", default="", help="share this engine (see above)")
@@ -71,27 +114,33 @@ def main() -> None:
     args = parser.parse_args()
     if args.engine_url and not args.model:
         parser.error("--engine-url needs --model (the weights both arms start from)")
+    try:
+        seeds = [int(seed) for seed in args.seeds.split(",")]
+    except ValueError:
+        parser.error(f"--seeds: expected integers like 0,1,2, got {args.seeds!r}")
+    names = ("feedback", "no-feedback")
+    window = max(1, args.steps // 4)
+    summaries: dict[str, list[dict[str, float]]] = {name: [] for name in names}
     with ExitStack() as stack:
         args.redis_url = start_valkey(stack) if args.engine_url else ""
-        arms = {name: _arm(args, name == "feedback") for name in ("feedback", "no-feedback")}
-    print("step " + "  ".join(f"{n + ' reward':>20} {n + ' invalid':>21}" for n in arms))
-    for i in range(args.steps):
-        cells = [f"{arms[n][i]['mean_reward']:>20.3f} {arms[n][i]['invalid_tool_rate']:>21.3f}"
-                 for n in arms]  # fmt: skip
-        print(f"{i + 1:>4} " + "  ".join(cells))
-    window = max(1, args.steps // 4)
-    print(f"\n{'arm':<12} {'reward first':>12} {'reward last':>12} {'reward all':>11} "
-          f"{'invalid first':>14} {'invalid last':>13} {'invalid all':>12}")  # fmt: skip
-    for name, steps in arms.items():
-        first, last = steps[:window], steps[-window:]
-        print(
-            f"{name:<12} {_mean([s['mean_reward'] for s in first]):>12.3f} "
-            f"{_mean([s['mean_reward'] for s in last]):>12.3f} "
-            f"{_mean([s['mean_reward'] for s in steps]):>11.3f} "
-            f"{_mean([s['invalid_tool_rate'] for s in first]):>14.3f} "
-            f"{_mean([s['invalid_tool_rate'] for s in last]):>13.3f} "
-            f"{_mean([s['invalid_tool_rate'] for s in steps]):>12.3f}"
-        )
+        for seed in seeds:
+            arms = {name: _arm(args, seed, name == "feedback") for name in names}
+            print(f"\nseed {seed}")
+            print("step " + "  ".join(f"{n + ' reward':>20} {n + ' invalid':>21}" for n in arms))
+            for i in range(args.steps):
+                cells = [f"{arms[n][i]['mean_reward']:>20.3f} "
+                         f"{arms[n][i]['invalid_tool_rate']:>21.3f}" for n in arms]  # fmt: skip
+                print(f"{i + 1:>4} " + "  ".join(cells))
+            rows = {name: _summary(steps, window) for name, steps in arms.items()}
+            _print_table(f"seed {seed}: first/last {window} steps and all", rows)
+            for name in names:
+                summaries[name].append(rows[name])
+    if len(seeds) > 1:
+        mean_rows = {
+            name: {c: _mean([row[c] for row in rows]) for c in rows[0]}
+            for name, rows in summaries.items()
+        }
+        _print_table(f"mean over seeds {args.seeds}", mean_rows)
 
 
 if __name__ == "__main__":

@@ -50,8 +50,8 @@ def api_key(redis_url: str) -> str:
 def forwarders(vllm_url: str) -> Iterator[Callable[..., Forwarder]]:
     started: list[Forwarder] = []
 
-    def start(*, overloaded: bool = False) -> Forwarder:
-        forwarder = Forwarder(vllm_url, overloaded=overloaded)
+    def start(*, overloaded: bool = False, stall_after: int | None = None) -> Forwarder:
+        forwarder = Forwarder(vllm_url, overloaded=overloaded, stall_after=stall_after)
         started.append(forwarder)
         return forwarder
 

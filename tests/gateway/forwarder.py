@@ -6,7 +6,10 @@ vLLM replica would, while the shared vLLM behind it keeps running.
 
 With ``--overloaded`` it is a replica that is up but cannot serve: it passes its health
 check and answers every POST with 503 on a kept-alive connection, as an overloaded vLLM
-does, so the gateway's retry of a 5xx on another replica can be tested.
+does, so the gateway's retry of a 5xx on another replica can be tested. With
+``--stall-after BYTES`` it stops relaying an event stream after that many bytes: a test
+that kills it "mid-stream" then knows the stream cannot have finished already (a fast
+engine can otherwise generate the whole answer into socket buffers before the kill).
 """
 
 from __future__ import annotations
@@ -16,9 +19,23 @@ import contextlib
 import sys
 
 
-async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def pipe(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, stall_after: int | None = None
+) -> None:
+    """Relay bytes; with ``stall_after``, stop relaying an event stream after that many of
+    its bytes (the connection stays open, as with a hung upstream)."""
+    streamed: int | None = None
     try:
         while data := await reader.read(65536):
+            if stall_after is not None:
+                if streamed is None and b"text/event-stream" in data:
+                    streamed = 0
+                if streamed is not None:
+                    if streamed + len(data) > stall_after:
+                        data = data[: max(0, stall_after - streamed)]
+                        writer.write(data)
+                        await asyncio.Event().wait()  # until the process is killed
+                    streamed += len(data)
             writer.write(data)
             await writer.drain()
     except (ConnectionError, OSError):
@@ -53,7 +70,9 @@ async def answer_overloaded(reader: asyncio.StreamReader, writer: asyncio.Stream
             writer.close()
 
 
-async def main(listen_port: int, target_host: str, target_port: int, overloaded: bool) -> None:
+async def main(
+    listen_port: int, target_host: str, target_port: int, overloaded: bool, stall_after: int | None
+) -> None:
     async def handle(
         client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter
     ) -> None:
@@ -65,7 +84,8 @@ async def main(listen_port: int, target_host: str, target_port: int, overloaded:
             client_writer.close()
             return
         await asyncio.gather(
-            pipe(client_reader, upstream_writer), pipe(upstream_reader, client_writer)
+            pipe(client_reader, upstream_writer),
+            pipe(upstream_reader, client_writer, stall_after),
         )
 
     server = await asyncio.start_server(
@@ -77,5 +97,7 @@ async def main(listen_port: int, target_host: str, target_port: int, overloaded:
 
 
 if __name__ == "__main__":
-    overloaded = "--overloaded" in sys.argv[4:]
-    asyncio.run(main(int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), overloaded))
+    options = sys.argv[4:]
+    overloaded = "--overloaded" in options
+    stall = int(options[options.index("--stall-after") + 1]) if "--stall-after" in options else None
+    asyncio.run(main(int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), overloaded, stall))

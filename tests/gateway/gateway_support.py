@@ -87,7 +87,9 @@ def create_key(redis_url: str, org: str, plan: str = "") -> tuple[str, str]:
 class Forwarder:
     """A separate process relaying a port to an upstream; ``kill`` is a hard crash."""
 
-    def __init__(self, target_url: str, *, overloaded: bool = False) -> None:
+    def __init__(
+        self, target_url: str, *, overloaded: bool = False, stall_after: int | None = None
+    ) -> None:
         target = urlparse(target_url)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -99,6 +101,7 @@ class Forwarder:
                 target.hostname or "",
                 str(target.port),
                 *(["--overloaded"] if overloaded else []),
+                *(["--stall-after", str(stall_after)] if stall_after is not None else []),
             ],
             stdout=subprocess.PIPE,
             text=True,

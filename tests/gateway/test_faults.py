@@ -81,10 +81,11 @@ def test_replica_killed_during_a_run_requests_keep_succeeding(
 
 def test_upstream_killed_mid_stream_gives_a_well_formed_error(
     start_gateway: Callable[..., GatewayServer],
-    forwarders: Callable[[], Forwarder],
+    forwarders: Callable[..., Forwarder],
     api_key: str,
 ) -> None:
-    upstream = forwarders()
+    # The stream stalls after ~8 events, so the kill below lands while it is unfinished.
+    upstream = forwarders(stall_after=2000)
     meter = RecordingMeter()
     gateway = start_gateway(meter=meter, upstream_url=upstream.url)
     client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=api_key, max_retries=0, timeout=60)
@@ -193,12 +194,19 @@ def test_a_5xx_before_any_byte_is_retried_on_another_replica(
     for stream in (False, True) * 3:
         if stream:
             chunks = client.chat.completions.create(
-                model="composer-2.5-fast", messages=MESSAGES, max_tokens=2, stream=True
+                model="composer-2.5-fast",
+                messages=MESSAGES,  # type: ignore[arg-type]
+                max_tokens=2,
+                stream=True,
+                extra_body=ENDLESS,
             )
             assert [c for c in chunks if c.choices][-1].choices[0].finish_reason == "length"
         else:
             reply = client.chat.completions.create(
-                model="composer-2.5-fast", messages=MESSAGES, max_tokens=2
+                model="composer-2.5-fast",
+                messages=MESSAGES,  # type: ignore[arg-type]
+                max_tokens=2,
+                extra_body=ENDLESS,
             )
             assert reply.choices[0].finish_reason == "length"
     metrics = httpx.get(f"{gateway.url}/metrics").text
