@@ -141,6 +141,26 @@ def main() -> None:
             for name, rows in summaries.items()
         }
         _print_table(f"mean over seeds {args.seeds}", mean_rows)
+        _print_paired(seeds, summaries)
+
+
+def _print_paired(seeds: list[int], summaries: dict[str, list[dict[str, float]]]) -> None:
+    """Whole-run invalid rate (the area under its curve: lower means it fell faster), seed
+    by seed: the same seed gives both arms the same sampling, so the arms pair up."""
+    import statistics
+
+    differences = [
+        with_fb["invalid all"] - without["invalid all"]
+        for with_fb, without in zip(summaries["feedback"], summaries["no-feedback"], strict=True)
+    ]
+    print("\nwhole-run invalid rate, feedback minus no feedback, per seed:")
+    print("  " + "  ".join(f"seed {s}: {d:+.3f}" for s, d in zip(seeds, differences, strict=True)))
+    mean = statistics.fmean(differences)
+    spread = statistics.stdev(differences)
+    t = mean / (spread / len(differences) ** 0.5) if spread > 0 else float("inf")
+    lower = sum(d < 0 for d in differences)
+    print(f"  mean {mean:+.4f}, sd {spread:.4f}, paired t {t:+.2f} over {len(differences)} seeds; "
+          f"feedback lower in {lower} of {len(differences)}")  # fmt: skip
 
 
 if __name__ == "__main__":
