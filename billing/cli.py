@@ -73,12 +73,19 @@ billing_app.add_typer(dead_letters_app, name="dead-letters")
 
 
 def _redis_and_settings() -> tuple[Redis, BillingSettings]:
+    from pydantic import ValidationError
     from redis import Redis
 
     from billing.settings import BillingSettings
 
-    settings = BillingSettings()
-    return Redis.from_url(settings.redis_url), settings
+    try:
+        settings = BillingSettings()
+    except ValidationError as exc:
+        _fail(f"bad billing settings: {exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}")
+    try:
+        return Redis.from_url(settings.redis_url), settings
+    except ValueError:
+        _fail("CSTACK_REDIS_URL is not a Redis URL (redis://host:port/db)")
 
 
 @dead_letters_app.command("list")
@@ -114,21 +121,26 @@ def dead_letters_replay(
 
     Replaying is safe to repeat: the ledger ignores an event id it already holds.
     """
-    from redis.exceptions import RedisError, ResponseError
+    from redis.exceptions import RedisError
 
-    from billing.dead_letters import replay_dead_letters
+    from billing.dead_letters import ReplayInterrupted, replay_dead_letters
 
     if bool(entry_ids) == replay_all:
         _fail("give dead-letter ids or --all (not both)")
     redis, settings = _redis_and_settings()
     try:
         replayed = replay_dead_letters(redis, settings, None if replay_all else entry_ids)
+    except ValueError as exc:
+        _fail(f"{exc}; nothing was replayed")
     except KeyError as exc:
         _fail(f"no dead letter with id {exc.args[0]}; nothing was replayed")
-    except ResponseError as exc:
-        _fail(f"not a dead-letter id ({exc}); nothing was replayed")
+    except ReplayInterrupted as exc:
+        done = ", ".join(exc.replayed) or "none"
+        _fail(f"Redis failed part way ({type(exc.cause).__name__}); replayed so far: {done}")
     except (RedisError, OSError) as exc:
-        _fail(f"cannot reach Redis at CSTACK_REDIS_URL ({type(exc).__name__})")
+        _fail(
+            f"cannot reach Redis at CSTACK_REDIS_URL ({type(exc).__name__}); nothing was replayed"
+        )
     typer.echo(f"replayed {len(replayed)} dead letter(s) onto the usage stream")
 
 

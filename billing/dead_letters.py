@@ -2,14 +2,16 @@
 
 An entry is dead-lettered when the consumer could not write it (unparseable, rejected by
 the database, or delivered too many times, e.g. while the ledger kept crashing). Once
-the cause is fixed an operator replays it: the original fields go back onto the usage
-stream and leave the dead-letter stream in one MULTI, so a replay interrupted at any
-point neither loses the entry nor leaves it in both places. Replaying an event already
-in the ledger is harmless: the ledger's unique event id turns it into a no-op.
+the cause is fixed an operator replays it: one Lua script checks that the entry is still
+there, appends its original fields to the usage stream, and only then deletes it, so an
+interrupted or repeated replay never loses an entry (a failing XADD stops the script
+before the XDEL) and never moves one twice. Replaying an event already in the ledger is
+harmless: the ledger's unique event id turns it into a no-op.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from pydantic import ValidationError
@@ -18,8 +20,35 @@ from redis import Redis
 from billing.events import UsageEvent
 from billing.settings import BillingSettings
 
-#: Fields the consumer adds when dead-lettering; everything else is the original entry.
-BOOKKEEPING_FIELDS = (b"source_id", b"reason")
+#: A whole stream entry id; a bare millisecond part would match several entries.
+ENTRY_ID = re.compile(r"^\d+-\d+$")
+
+#: KEYS: dead-letter stream, usage stream. ARGV: the entry id. Returns 1 if moved, 0 if
+#: the entry is gone (already replayed). ``source_id`` and ``reason`` are what the consumer
+#: added when dead-lettering; the other fields are the original entry.
+MOVE_BACK = """
+local found = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1])
+if #found == 0 then return 0 end
+local fields, original = found[1][2], {}
+for i = 1, #fields, 2 do
+  if fields[i] ~= 'source_id' and fields[i] ~= 'reason' then
+    table.insert(original, fields[i])
+    table.insert(original, fields[i + 1])
+  end
+end
+redis.call('XADD', KEYS[2], '*', unpack(original))
+redis.call('XDEL', KEYS[1], ARGV[1])
+return 1
+"""
+
+
+class ReplayInterrupted(Exception):
+    """Redis failed part way; ``replayed`` entries had already moved."""
+
+    def __init__(self, replayed: list[str], cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.replayed = replayed
+        self.cause = cause
 
 
 @dataclass(frozen=True)
@@ -29,11 +58,6 @@ class DeadLetter:
     reason: str
     #: The usage event's request id, when the entry still parses as one.
     request_id: str | None
-    fields: dict[bytes, bytes]
-
-    @property
-    def original_fields(self) -> dict[bytes, bytes]:
-        return {k: v for k, v in self.fields.items() if k not in BOOKKEEPING_FIELDS}
 
 
 def _decode(value: bytes | None) -> str:
@@ -50,7 +74,6 @@ def _dead_letter(entry_id: bytes, fields: dict[bytes, bytes]) -> DeadLetter:
         source_id=_decode(fields.get(b"source_id")),
         reason=_decode(fields.get(b"reason")),
         request_id=request_id,
-        fields=fields,
     )
 
 
@@ -65,25 +88,26 @@ def replay_dead_letters(
 ) -> list[str]:
     """Move dead letters back onto the usage stream; every one when ``entry_ids`` is None.
 
-    Returns the ids replayed. Unknown ids raise ``KeyError`` before anything moves, so a
-    typo never half-applies a list.
+    Returns the ids replayed. Malformed or unknown ids raise ``ValueError`` / ``KeyError``
+    before anything moves, so a typo never half-applies a list; a Redis failure part way
+    raises ``ReplayInterrupted`` carrying what had moved.
     """
     dead_stream = settings.usage_dead_letter_stream
     if entry_ids is None:
-        chosen = [(eid, fields) for eid, fields in redis.xrange(dead_stream)]
+        chosen = [entry_id.decode() for entry_id, _ in redis.xrange(dead_stream)]
     else:
-        chosen = []
-        for entry_id in entry_ids:
-            found = redis.xrange(dead_stream, min=entry_id, max=entry_id)
-            if not found:
+        chosen = list(dict.fromkeys(entry_ids))  # the same id twice is one replay
+        for entry_id in chosen:
+            if not ENTRY_ID.match(entry_id):
+                raise ValueError(f"{entry_id!r} is not a dead-letter id (like 1796027344594-0)")
+            if not redis.xrange(dead_stream, min=entry_id, max=entry_id):
                 raise KeyError(entry_id)
-            chosen.append(found[0])
-    replayed = []
-    for entry_id, fields in chosen:
-        letter = _dead_letter(entry_id, fields)
-        pipe = redis.pipeline(transaction=True)
-        pipe.xadd(settings.usage_stream, letter.original_fields)  # type: ignore[arg-type]
-        pipe.xdel(dead_stream, entry_id)
-        pipe.execute()
-        replayed.append(letter.entry_id)
+    move_back = redis.register_script(MOVE_BACK)
+    replayed: list[str] = []
+    for entry_id in chosen:
+        try:
+            if move_back(keys=[dead_stream, settings.usage_stream], args=[entry_id]):
+                replayed.append(entry_id)
+        except Exception as exc:
+            raise ReplayInterrupted(replayed, exc) from exc
     return replayed

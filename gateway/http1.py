@@ -208,7 +208,20 @@ class ConnectionPool:
         for name, value in headers.items():
             head.append(f"{name}: {value}\r\n".encode())
         head.append(b"content-length: %d\r\n\r\n" % len(body))
-        request = b"".join(head) + body
+        return await self._exchange(b"".join(head) + body)
+
+    async def get_status(self, path: str) -> int:
+        """A GET whose body is discarded (health checks)."""
+        request = b"GET " + path.encode() + b" HTTP/1.1\r\nhost: " + self.host_header + b"\r\n\r\n"
+        response = await self._exchange(request)
+        try:
+            await response.read()
+            return response.status
+        finally:
+            response.close()
+
+    async def _exchange(self, request: bytes) -> Response:
+        """Send ``request`` and wait for the response head."""
         connection, reused = await self._acquire()
         response = connection.send(request)
         try:
@@ -231,18 +244,6 @@ class ConnectionPool:
             raise
         return response
 
-    async def get_status(self, path: str) -> int:
-        """A GET whose body is discarded (health checks)."""
-        connection, _ = await self._acquire()
-        request = b"GET " + path.encode() + b" HTTP/1.1\r\nhost: " + self.host_header + b"\r\n\r\n"
-        response = connection.send(request)
-        try:
-            await response.head
-            await response.read()
-            return response.status
-        finally:
-            response.close()
-
     async def _acquire(self, fresh: bool = False) -> tuple[Connection, bool]:
         """A connection and whether it was reused from the idle list."""
         now = self.loop.time()
@@ -258,14 +259,23 @@ class ConnectionPool:
                 self.loop.create_connection(lambda: connection, self.host, self.port),
                 self._connect_timeout_s,
             )
-        except (OSError, TimeoutError) as exc:
+        except BaseException as exc:
+            # Cancellation too (a health probe's own timeout): a slot lost here is lost for
+            # good, and enough of them would block the pool forever.
             self._slots.release()
-            raise UpstreamConnectError(f"cannot connect: {type(exc).__name__}") from exc
+            if isinstance(exc, (OSError, TimeoutError)):
+                raise UpstreamConnectError(f"cannot connect: {type(exc).__name__}") from exc
+            raise
         self._open.add(connection)
         self.opened += 1
         return connection, False
 
     def put_back(self, connection: Connection) -> None:
+        if self._slots.locked():
+            # Every slot is taken, so a request may be waiting for one: an idle connection
+            # would keep its slot from it. Closing frees the slot (only at the limit).
+            connection.abort()
+            return
         connection.idle_since = self.loop.time()
         self._idle.append(connection)
 

@@ -71,7 +71,7 @@ class GatewaySettings(BaseSettings):
     #: On SIGTERM, requests in flight get this long to finish; then they are cancelled
     #: (each still settles its usage) and the process exits. Below Kubernetes' default
     #: 30 s termination grace, so the pod is never SIGKILLed with usage unsettled.
-    shutdown_grace_s: float = 20.0
+    shutdown_grace_s: int = Field(20, ge=0)
     #: Meter usage and enforce limits through ``billing`` (CSTACK_BILLING). Off only for a
     #: gateway that must not bill: benchmarks and tests of the relay itself.
     billing: bool = True

@@ -82,23 +82,28 @@ class UpstreamPool:
     def count_error(self, kind: str) -> None:
         self._errors[kind].inc()
 
-    def pick(self, exclude: set[Replica]) -> Replica | None:
-        """Least outstanding requests among healthy replicas; rotate to break ties."""
+    def pick(self, exclude: set[Replica], turn: int) -> Replica | None:
+        """Least outstanding requests among healthy replicas; ``turn`` rotates ties.
+
+        One turn per request, not per pick: were a retry's pick to advance the rotation,
+        two replicas with one failing would see every request try the failing one first.
+        """
         candidates = [r for r in self.replicas if r.healthy and r not in exclude]
         if not candidates:
             # Health may lag a recovery: trying a replica marked down beats refusing.
             candidates = [r for r in self.replicas if r not in exclude]
         if not candidates:
             return None
-        start = next(self._rotation) % len(candidates)
+        start = turn % len(candidates)
         rotated = candidates[start:] + candidates[:start]
         return min(rotated, key=lambda replica: replica.outstanding)
 
     async def open(self, path: str, content: bytes, headers: dict[str, str]) -> UpstreamResponse:
         tried: set[Replica] = set()
         last_error = "no upstream replica configured"
+        turn = next(self._rotation)
         for attempt in range(2):
-            replica = self.pick(tried)
+            replica = self.pick(tried, turn)
             if replica is None:
                 break
             if attempt:

@@ -33,4 +33,7 @@ class TrainingSettings(BaseSettings):
     rl_task_dir: Path = Path(".cstack/tasks")
     rl_max_tokens: int = 256
     rl_max_turns: int = 8
+    #: Triggers, hints and the hint-KL settings; `cstack rl --feedback-config` sets it for
+    #: its workers so rollouts and trainer read the same file (default: the packaged one).
+    rl_feedback_config: Path | None = None
     rl_metrics_port: int | None = None

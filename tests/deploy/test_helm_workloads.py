@@ -13,7 +13,9 @@ import helm_python as helm
 import pytest
 from chart_support import (
     REPO,
+    SECRET_REFERENCE,
     Manifest,
+    Render,
     containers,
     env_of,
     find,
@@ -92,6 +94,20 @@ def test_gateway_and_trainer_reach_each_tier_pool(production_manifests: list[Man
     assert sorted(json.loads(trainer_env["CSTACK_RL_ENGINE_URLS"]["value"])) == sorted(
         pools.values()
     )
+
+
+def test_gateway_drains_within_its_pods_termination_grace(render: Render) -> None:
+    for grace in (50, 300):
+        manifests = render({**SECRET_REFERENCE, "gateway": {"shutdownGraceSeconds": grace}})
+        gateway = find(manifests, "Deployment", "-gateway")
+        assert pod_spec(gateway)["terminationGracePeriodSeconds"] == grace + 10
+        env = env_of(containers(gateway)[0])
+        assert (
+            GatewaySettings(
+                shutdown_grace_s=env["CSTACK_SHUTDOWN_GRACE_S"]["value"]
+            ).shutdown_grace_s
+            == grace
+        )
 
 
 @pytest.mark.parametrize(

@@ -42,3 +42,30 @@ def test_sequential_requests_reuse_one_connection(vllm_url: str) -> None:
     opened, statuses = asyncio.run(exchange())
     assert statuses == [200] * 8
     assert opened == 1
+
+
+def test_a_request_waiting_at_the_limit_gets_the_released_slot(vllm_url: str) -> None:
+    """At the connection limit a finished connection is closed, not pooled: pooled, it
+    would keep its slot from the waiting request until the upstream's idle timeout."""
+    served_model = httpx.get(f"{vllm_url}/v1/models").json()["data"][0]["id"]
+    body = pydantic_core.to_json({"model": served_model, "prompt": "hi", "max_tokens": 2})
+    headers = {"content-type": "application/json"}
+
+    async def exchange() -> tuple[int, int, int]:
+        pool = ConnectionPool(vllm_url, limit=1, connect_timeout_s=5, read_timeout_s=60)
+        try:
+            first = await pool.request("/v1/completions", body, headers)
+            waiting = asyncio.ensure_future(pool.request("/v1/completions", body, headers))
+            await asyncio.sleep(0.1)
+            assert not waiting.done()  # no slot until the first exchange ends
+            await first.read()
+            first.close()
+            idle_after_close = len(pool._idle)
+            second = await asyncio.wait_for(waiting, timeout=60)
+            await second.read()
+            second.close()
+            return first.status, second.status, idle_after_close
+        finally:
+            pool.close()
+
+    assert asyncio.run(exchange()) == (200, 200, 0)

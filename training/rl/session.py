@@ -119,6 +119,7 @@ class RlSession:
             "CSTACK_RL_ROLLOUT_QUEUE": queue, "CSTACK_RL_TRAJECTORY_STREAM": stream,
             "CSTACK_RL_MAX_TOKENS": str(c.max_tokens), "OMP_NUM_THREADS": "1",
             "CSTACK_RL_TASK_DIR": str(c.task_dir),
+            "CSTACK_RL_FEEDBACK_CONFIG": str(c.feedback_config),
             **({"CSTACK_RL_METRICS_PORT": str(c.metrics_port + 1)} if c.metrics_port else {}),
         }  # fmt: skip
         show("starting rollout workers")
