@@ -1,6 +1,9 @@
 # syntax=docker/dockerfile:1
-# vLLM on the upstream image, unchanged but for a non-root user: the chart renders the
-# engine arguments from serving/variants.yaml, so nothing composer-specific is baked in.
+# vLLM on the upstream image, plus a non-root user and one module: the chart renders the
+# engine arguments from serving/variants.yaml, so nothing else composer-specific is baked
+# in. The module is the weight-reload worker extension (`weight_sync` in the variants
+# file), which the trainer's live weight pushes need; the two package files above it
+# import nothing (their exports load lazily), so the image needs no other project code.
 #   docker build -f deploy/docker/vllm.Dockerfile -t composer-stack/vllm:0.32.0 .
 FROM vllm/vllm-openai:v0.32.0
 RUN groupadd --gid 10001 cstack \
@@ -8,6 +11,10 @@ RUN groupadd --gid 10001 cstack \
 # Caches (torch.compile, Triton, vLLM) go under HOME, a scratch volume in the cluster.
 ENV HOME=/scratch \
     HF_HUB_OFFLINE=1
+COPY training/__init__.py /opt/cstack/training/__init__.py
+COPY training/rollouts/__init__.py /opt/cstack/training/rollouts/__init__.py
+COPY training/rollouts/vllm_extension.py /opt/cstack/training/rollouts/vllm_extension.py
+ENV PYTHONPATH=/opt/cstack
 USER 10001:10001
 EXPOSE 8000
 # `vllm serve` and this module are the same server; the module form is what

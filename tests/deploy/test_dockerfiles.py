@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -49,3 +53,31 @@ def test_engine_images_use_the_charts_vllm_release(name: str) -> None:
 def test_vllm_image_starts_the_server_the_chart_and_serving_start() -> None:
     entrypoint = next(arg for op, arg in instructions("vllm") if op == "ENTRYPOINT")
     assert re.fullmatch(r'\["python3", "-m", "vllm\.entrypoints\.openai\.api_server"\]', entrypoint)
+
+
+def test_vllm_image_ships_the_weight_sync_extension_and_nothing_it_needs_besides(
+    tmp_path: Path,
+) -> None:
+    """The files the vLLM image copies import on their own (lazy package exports), and
+    they hold the extension class the variants file's weight_sync section names."""
+    from serving import load_variants
+
+    copies = [arg.split() for op, arg in instructions("vllm") if op == "COPY"]
+    for source, target in copies:
+        destination = tmp_path / Path(target).relative_to("/opt/cstack")
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / source, destination)
+    assert ("ENV", "PYTHONPATH=/opt/cstack") in instructions("vllm")
+    extension = load_variants(REPO / "serving" / "variants.yaml").weight_sync.engine_args[
+        "worker-extension-cls"
+    ]
+    module, _, name = str(extension).rpartition(".")
+    probe = f"import importlib; print(getattr(importlib.import_module({module!r}), {name!r}))"
+    result = subprocess.run(
+        [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(tmp_path)!r}); {probe}"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert name in result.stdout

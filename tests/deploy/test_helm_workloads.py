@@ -96,6 +96,24 @@ def test_gateway_and_trainer_reach_each_tier_pool(production_manifests: list[Man
     )
 
 
+@pytest.mark.parametrize("tier", TIERS)
+def test_vllm_takes_live_weight_pushes_only_when_the_trainer_runs(
+    default_manifests: list[Manifest], production_manifests: list[Manifest], tier: str
+) -> None:
+    """With the trainer on, each engine gets the variants file's weight_sync section, as
+    `cstack serve --weight-sync` does: the dev endpoints and the reload extension (which
+    the vLLM image ships)."""
+    sync = load_variants(REPO / "serving" / "variants.yaml").weight_sync
+    for manifests, trainer in ((default_manifests, False), (production_manifests, True)):
+        container = containers(find(manifests, "Deployment", f"-vllm-{tier}"))[0]
+        flags = _flag_pairs(container["args"])
+        env = env_of(container)
+        for key, value in sync.engine_args.items():
+            assert ((f"--{key}", str(value)) in flags) is trainer
+        for name, value in sync.env.items():
+            assert (env.get(name, {}).get("value") == value) is trainer
+
+
 def test_gateway_drains_within_its_pods_termination_grace(render: Render) -> None:
     for grace in (50, 300):
         manifests = render({**SECRET_REFERENCE, "gateway": {"shutdownGraceSeconds": grace}})

@@ -161,6 +161,12 @@ Helm's maps iterate in key order, so flags come out sorted by name.
 {{- $_ := set $args $key $value -}}
 {{- end -}}
 {{- end -}}
+{{- if $root.Values.trainer.enabled -}}
+{{- /* The trainer pushes weights live: the variants file's weight_sync arguments. */ -}}
+{{- range $key, $value := (default dict $book.weight_sync.engine_args) -}}
+{{- $_ := set $args $key $value -}}
+{{- end -}}
+{{- end -}}
 {{- toJson $args -}}
 {{- end -}}
 
