@@ -90,9 +90,22 @@ def test_gateway_and_trainer_reach_each_tier_pool(production_manifests: list[Man
     gateway_env = env_of(containers(find(production_manifests, "Deployment", "-gateway"))[0])
     for tier in TIERS:
         assert gateway_env[f"CSTACK_{tier.upper()}_UPSTREAM_URLS"]["value"] == pools[tier]
+    # The trainer pushes weights to every replica: each tier's headless Service selects the
+    # same pods as the pool's Service and resolves to each of them.
     trainer_env = env_of(containers(find(production_manifests, "Job", "-trainer"))[0])
+    replicas = {}
+    for tier in TIERS:
+        pool = find(production_manifests, "Service", f"-vllm-{tier}")
+        headless = find(production_manifests, "Service", f"-vllm-{tier}-replicas")
+        assert headless["spec"]["clusterIP"] == "None"
+        assert headless["spec"]["selector"] == pool["spec"]["selector"]
+        assert [(p["port"], p["targetPort"]) for p in headless["spec"]["ports"]] == [
+            (p["port"], p["targetPort"]) for p in pool["spec"]["ports"]
+        ]
+        port = headless["spec"]["ports"][0]["port"]
+        replicas[tier] = f"http://{headless['metadata']['name']}:{port}"
     assert sorted(json.loads(trainer_env["CSTACK_RL_ENGINE_URLS"]["value"])) == sorted(
-        pools.values()
+        replicas.values()
     )
 
 

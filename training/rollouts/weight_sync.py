@@ -7,12 +7,18 @@ plus the MoE repack it skips on CPU) on every worker, ``/reset_prefix_cache`` dr
 computed with the old weights, ``/update_weight_version`` labels the engine, ``/resume``
 serves again. The version gate (gate.py) brackets it so that no turn straddles the swap
 and every turn records the version that produced it.
+
+An engine URL may name several replicas: a Kubernetes headless Service resolves to every
+pod's address, and each push resolves it again and updates each replica.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import socket
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -33,6 +39,33 @@ def _check(response: httpx.Response, url: str, step: str) -> None:
         raise WeightSyncError(
             f"{url}: {step} failed ({response.status_code}): {response.text[:200]}"
         )
+
+
+def replica_urls(url: str) -> list[str]:
+    """One URL per address ``url``'s host resolves to (IPv4 first, as cluster DNS answers).
+
+    A host with one address (an IP, ``localhost``, a ClusterIP Service) keeps its URL.
+    """
+    url = url.rstrip("/")
+    parts = urlsplit(url)
+    host, port = parts.hostname or "", parts.port or 80
+    try:
+        ipaddress.ip_address(host)
+        return [url]
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as err:
+        raise WeightSyncError(f"{url}: cannot resolve {host!r}: {err}") from err
+    for family in (socket.AF_INET, socket.AF_INET6):
+        addresses = sorted({str(info[4][0]) for info in infos if info[0] == family})
+        if len(addresses) > 1:
+            bracket = "[{}]" if family == socket.AF_INET6 else "{}"
+            return [f"{parts.scheme}://{bracket.format(a)}:{port}" for a in addresses]
+        if addresses:
+            break
+    return [url]
 
 
 @dataclass
@@ -71,12 +104,13 @@ class VllmWeightSync:
 
     def push(self, checkpoint: Path) -> int:
         """Reload ``checkpoint`` into every engine; returns the new policy version."""
-        for url in self.engine_urls:
+        engines = [replica for url in self.engine_urls for replica in replica_urls(url)]
+        for url in engines:
             self.check_engine(url)
         with self.gate.exclusive(drain_timeout_s=self.timeout_s) as version:
             new_version = version + 1
-            for url in self.engine_urls:
-                self._reload(url.rstrip("/"), Path(checkpoint).resolve(), new_version)
+            for url in engines:
+                self._reload(url, Path(checkpoint).resolve(), new_version)
             self.gate.set_version(new_version)
         return new_version
 

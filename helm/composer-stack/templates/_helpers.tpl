@@ -117,6 +117,12 @@ helm.sh/chart: {{ printf "%s-%s" $root.Chart.Name $root.Chart.Version }}
 {{- printf "http://%s:%d" (include "composer-stack.componentName" (list $root (printf "vllm-%s" (index . 1)))) (int $root.Values.vllm.port) -}}
 {{- end -}}
 
+{{/* A tier's headless Service: its name resolves to every ready replica (weight sync). */}}
+{{- define "composer-stack.vllmReplicasUrl" -}}
+{{- $root := index . 0 -}}
+{{- printf "http://%s:%d" (include "composer-stack.componentName" (list $root (printf "vllm-%s-replicas" (index . 1)))) (int $root.Values.vllm.port) -}}
+{{- end -}}
+
 {{/*
 vLLM engine arguments of a tier, as a JSON list of flags: the tier's variant from
 files/variants.yaml (a symlink to serving/variants.yaml) with the profile

@@ -101,3 +101,35 @@ def test_engine_without_dev_endpoints_is_named(redis_url: str, tmp_path: Path) -
     with pytest.raises(WeightSyncError, match=r"127\.0\.0\.1:9: cannot reach"):
         VllmWeightSync(["http://127.0.0.1:9"], gate, timeout_s=5).push(tmp_path)
     assert gate.version() == 0
+
+
+def test_replica_urls_expand_a_name_with_several_addresses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A headless Service name resolves to every pod; each must get the weights. Its DNS
+    cannot exist on this machine, so only that name's lookup is replaced here."""
+    import socket
+
+    from training.rollouts import WeightSyncError
+    from training.rollouts.weight_sync import replica_urls
+
+    assert replica_urls("http://127.0.0.1:8000/") == ["http://127.0.0.1:8000"]
+    assert replica_urls("http://localhost:8000") == ["http://localhost:8000"]
+    with pytest.raises(WeightSyncError, match=r"cannot resolve 'engine\.invalid'"):
+        replica_urls("http://engine.invalid:8000")
+
+    real_lookup = socket.getaddrinfo
+
+    def lookup(host: str, port: int, *args: object, **kwargs: object) -> list[tuple]:  # type: ignore[type-arg]
+        if host != "vllm-fast-pods":
+            return real_lookup(host, port, *args, **kwargs)  # type: ignore[arg-type]
+        return [
+            (socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port))
+            for address in ("10.0.0.12", "10.0.0.7", "10.0.0.12")
+        ]
+
+    monkeypatch.setattr(socket, "getaddrinfo", lookup)
+    assert replica_urls("http://vllm-fast-pods:8000") == [
+        "http://10.0.0.12:8000",
+        "http://10.0.0.7:8000",
+    ]
