@@ -75,16 +75,13 @@ def _mean(values: list[float]) -> float:
 
 
 def _summary(steps: list[dict[str, float]], window: int) -> dict[str, float]:
-    first, last = steps[:window], steps[-window:]
-    reward = [s["mean_reward"] for s in steps]
-    invalid = [s["invalid_tool_rate"] for s in steps]
-    return {
-        "reward first": _mean(reward[:window]), "reward last": _mean(reward[-window:]),
-        "reward all": _mean(reward),
-        "invalid first": _mean([s["invalid_tool_rate"] for s in first]),
-        "invalid last": _mean([s["invalid_tool_rate"] for s in last]),
-        "invalid all": _mean(invalid),
-    }  # fmt: skip
+    summary = {}
+    for name, key in (("reward", "mean_reward"), ("invalid", "invalid_tool_rate")):
+        values = [step[key] for step in steps]
+        summary[f"{name} first"] = _mean(values[:window])
+        summary[f"{name} last"] = _mean(values[-window:])
+        summary[f"{name} all"] = _mean(values)
+    return summary
 
 
 def _print_table(title: str, rows: dict[str, dict[str, float]]) -> None:

@@ -7,6 +7,8 @@ from pathlib import Path
 from pydantic import SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from training.rl.config import DEFAULT_FEEDBACK_FILE
+
 
 class TrainingSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CSTACK_", extra="ignore")
@@ -34,6 +36,6 @@ class TrainingSettings(BaseSettings):
     rl_max_tokens: int = 256
     rl_max_turns: int = 8
     #: Triggers, hints and the hint-KL settings; `cstack rl --feedback-config` sets it for
-    #: its workers so rollouts and trainer read the same file (default: the packaged one).
-    rl_feedback_config: Path | None = None
+    #: its workers so rollouts and trainer read the same file.
+    rl_feedback_config: Path = DEFAULT_FEEDBACK_FILE
     rl_metrics_port: int | None = None

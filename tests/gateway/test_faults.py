@@ -17,6 +17,7 @@ import httpx
 import openai
 import pytest
 from gateway_support import Forwarder, GatewayServer, RecordingMeter, metric_value
+from openai.types.chat import ChatCompletionChunk
 
 from tests.conftest import cstack_command, free_port
 
@@ -25,6 +26,30 @@ pytestmark = pytest.mark.vllm
 MESSAGES = [{"role": "user", "content": "Tell a long story."}]
 #: Long generations so the fault lands while tokens are still flowing.
 ENDLESS = {"ignore_eos": True}
+
+
+def endless_stream(
+    client: openai.OpenAI, model: str = "composer-2.5", max_tokens: int = 1500
+) -> openai.Stream[ChatCompletionChunk]:
+    """A stream that runs to ``max_tokens`` whatever the weights (end-of-turn ignored)."""
+    return client.chat.completions.create(
+        model=model,
+        messages=MESSAGES,  # type: ignore[arg-type]
+        max_tokens=max_tokens,
+        stream=True,
+        extra_body=ENDLESS,
+    )
+
+
+def endless_finish_reason(client: openai.OpenAI, model: str, max_tokens: int) -> str:
+    """A non-streaming request that runs to ``max_tokens``: its finish reason."""
+    response = client.chat.completions.create(
+        model=model,
+        messages=MESSAGES,  # type: ignore[arg-type]
+        max_tokens=max_tokens,
+        extra_body=ENDLESS,
+    )
+    return response.choices[0].finish_reason
 
 
 def test_replica_killed_during_a_run_requests_keep_succeeding(
@@ -40,13 +65,7 @@ def test_replica_killed_during_a_run_requests_keep_succeeding(
     client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=api_key, max_retries=0)
 
     def one_request(max_tokens: int) -> str:
-        response = client.chat.completions.create(
-            model="composer-2.5-fast",
-            messages=MESSAGES,  # type: ignore[arg-type]
-            max_tokens=max_tokens,
-            extra_body=ENDLESS,
-        )
-        return response.choices[0].finish_reason
+        return endless_finish_reason(client, "composer-2.5-fast", max_tokens)
 
     def inflight() -> float:
         metrics = httpx.get(f"{gateway.url}/metrics").text
@@ -89,13 +108,7 @@ def test_upstream_killed_mid_stream_gives_a_well_formed_error(
     meter = RecordingMeter()
     gateway = start_gateway(meter=meter, upstream_url=upstream.url)
     client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=api_key, max_retries=0, timeout=60)
-    stream = client.chat.completions.create(
-        model="composer-2.5",
-        messages=MESSAGES,  # type: ignore[arg-type]
-        max_tokens=1500,
-        stream=True,
-        extra_body=ENDLESS,
-    )
+    stream = endless_stream(client)
     received = 0
     with pytest.raises(openai.APIError) as failure:
         for _chunk in stream:
@@ -193,22 +206,10 @@ def test_a_5xx_before_any_byte_is_retried_on_another_replica(
     client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=api_key, max_retries=0)
     for stream in (False, True) * 3:
         if stream:
-            chunks = client.chat.completions.create(
-                model="composer-2.5-fast",
-                messages=MESSAGES,  # type: ignore[arg-type]
-                max_tokens=2,
-                stream=True,
-                extra_body=ENDLESS,
-            )
+            chunks = endless_stream(client, "composer-2.5-fast", max_tokens=2)
             assert [c for c in chunks if c.choices][-1].choices[0].finish_reason == "length"
         else:
-            reply = client.chat.completions.create(
-                model="composer-2.5-fast",
-                messages=MESSAGES,  # type: ignore[arg-type]
-                max_tokens=2,
-                extra_body=ENDLESS,
-            )
-            assert reply.choices[0].finish_reason == "length"
+            assert endless_finish_reason(client, "composer-2.5-fast", max_tokens=2) == "length"
     metrics = httpx.get(f"{gateway.url}/metrics").text
     retries = metric_value(metrics, "cstack_upstream_retries_total", tier="fast")
     errors = metric_value(metrics, "cstack_upstream_errors_total", tier="fast", kind="status_5xx")
@@ -256,13 +257,7 @@ def test_sigterm_with_a_stream_in_flight_exits_within_the_grace(
         client = openai.OpenAI(
             base_url=f"http://127.0.0.1:{port}/v1", api_key=api_key, max_retries=0, timeout=60
         )
-        stream = client.chat.completions.create(
-            model="composer-2.5",
-            messages=MESSAGES,  # type: ignore[arg-type]
-            max_tokens=1500,
-            stream=True,
-            extra_body=ENDLESS,
-        )
+        stream = endless_stream(client)
         next(iter(stream))
         gateway.send_signal(signal.SIGTERM)
         stopped_at = time.monotonic()

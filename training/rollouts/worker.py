@@ -89,11 +89,7 @@ def _policy() -> PolicyClient:
 
 @cache
 def _environments() -> dict[str, Environment]:
-    feedback = (
-        load_feedback_config(settings.rl_feedback_config)
-        if settings.rl_feedback_config
-        else load_feedback_config()
-    )
+    feedback = load_feedback_config(settings.rl_feedback_config)
     episode = EpisodeConfig(
         max_turns=settings.rl_max_turns, wall_time_s=settings.rl_rollout_time_limit_s
     )
