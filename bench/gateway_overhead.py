@@ -262,7 +262,7 @@ def wait_http(url: str, timeout_s: float = 60) -> None:
 def make_key(redis_url: str) -> str:
     from redis.asyncio import Redis
 
-    from gateway import KeyStore
+    from gateway.keys import KeyStore
 
     async def create() -> str:
         redis = Redis.from_url(redis_url)

@@ -22,12 +22,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import Tensor, nn
 
-from training.matrix_layout import MatrixLayout
-from training.model import DeepseekV3Model
-from training.model_config import ModelConfig
-from training.muon import MuonConfig, build_optimizer, matrix_layouts, orthogonalize_full
-from training.newton_schulz import NewtonSchulzConfig, flops, orthogonalize
-from training.sharded_muon import ShardedOrthogonalizer
+from training.models.deepseek_v3.config import ModelConfig
+from training.models.deepseek_v3.model import DeepseekV3Model
+from training.optim.config import MuonConfig, NewtonSchulzConfig
+from training.optim.matrix_layout import MatrixLayout
+from training.optim.muon import build_optimizer, matrix_layouts, orthogonalize_full
+from training.optim.newton_schulz import flops, orthogonalize
+from training.optim.sharded_muon import ShardedOrthogonalizer
 
 
 def model_config(scale: int) -> ModelConfig:

@@ -29,9 +29,8 @@ from pathlib import Path
 import torch
 
 from serving import build_tiny_checkpoint
-from training.model import DeepseekV3Model
-from training.rl import TextFeedbackConfig, hinted_prompt, load_feedback_config
-from training.rl.feedback import Encode
+from training.feedback import Encode, TextFeedbackConfig, hinted_prompt, load_feedback_config
+from training.models.deepseek_v3.model import DeepseekV3Model
 from training.rollouts.environments import (
     TOOLCHOICE_TOOLS,
     toolchoice_available,

@@ -17,8 +17,8 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from training.hf_io import save_hf_checkpoint
-from training.model_config import ModelConfig
+from training.models.deepseek_v3.config import ModelConfig
+from training.models.deepseek_v3.hf_io import save_hf_checkpoint
 
 _PREFIX = "step-"
 _TOKENIZER_FILES = (

@@ -2,114 +2,73 @@
 
 Everything that can be checked without processes (world size vs. mesh factors, experts
 vs. EP, sequence vs. CP, files) is checked in this process, so a bad configuration fails
-in a second with one line naming the constraint instead of N tracebacks.
+in a second with one line naming the constraint instead of N tracebacks. The options are
+the fields of ``TrainerConfig`` (and its nested configs) declared with help text, plus
+the launcher's own (``LaunchConfig``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Any, NoReturn
 
 import typer
 
-SCHEDULES = ("quintic", "polar_express")
-SCALE_RULES = ("spectral", "match_adamw")
+from training.config import TrainerConfig
+from training.options import build_config, check_choices, cli_options, option, typer_command
+from training.settings import TrainingSettings
 
 
-def train(
-    model: Annotated[Path, typer.Option(help="HF checkpoint directory to start from.")],
-    data: Annotated[
-        Path | None,
-        typer.Option(help="JSONL with 'text' or 'input_ids' per line; default: random tokens."),
-    ] = None,
-    steps: Annotated[int, typer.Option(help="Optimizer steps to reach.")] = 10,
-    batch_size: Annotated[int, typer.Option(help="Samples per step, over all ranks.")] = 8,
-    seq_len: Annotated[int, typer.Option(help="Tokens per sample.")] = 64,
-    nproc: Annotated[int, typer.Option(help="Processes (ranks) on this machine.")] = 1,
-    nnodes: Annotated[int, typer.Option(help="Machines; more than 1 needs --rdzv-endpoint.")] = 1,
-    rdzv_endpoint: Annotated[
-        str | None, typer.Option(help="host:port of the rendezvous (multi-node).")
-    ] = None,
-    dp_shard: Annotated[int, typer.Option(help="FSDP shard group size (dense weights).")] = 1,
-    cp: Annotated[int, typer.Option(help="Context-parallel group size.")] = 1,
-    ep: Annotated[int, typer.Option(help="Expert-parallel group size.")] = 1,
-    lr: Annotated[float, typer.Option(help="Muon learning rate.")] = 0.02,
-    adamw_lr: Annotated[float, typer.Option(help="AdamW learning rate (embeddings, ...).")] = 3e-4,
-    weight_decay: Annotated[float, typer.Option(help="Muon decoupled weight decay.")] = 0.0,
-    ns_schedule: Annotated[str, typer.Option(help="quintic or polar_express.")] = "quintic",
-    scale_rule: Annotated[str, typer.Option(help="spectral or match_adamw.")] = "spectral",
-    grad_clip: Annotated[float, typer.Option(help="Global gradient norm limit (0: off).")] = 1.0,
-    bf16: Annotated[bool, typer.Option(help="bf16 autocast for forward and backward.")] = False,
-    seed: Annotated[int, typer.Option(help="Seed for data order and initialisation.")] = 0,
-    checkpoint_dir: Annotated[
-        Path | None, typer.Option(help="DCP checkpoints; resumes from the latest one here.")
-    ] = None,
-    checkpoint_every: Annotated[int, typer.Option(help="Steps between checkpoints.")] = 0,
-    export_dir: Annotated[
-        Path | None, typer.Option(help="Write HF-format weights for serving at the end.")
-    ] = None,
-    metrics_port: Annotated[
-        int | None, typer.Option(help="Serve Prometheus metrics from rank 0 on this port.")
-    ] = None,
-) -> None:
-    """Train the model with Muon on (dense HSDP, expert, CP) meshes under torchrun.
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Where the ranks run: torchrun's side of ``cstack train``."""
 
-    Resumes from the newest checkpoint in --checkpoint-dir; prints loss, tokens/s and
-    optimizer step time per step.
-    """
-    from training.mesh import ParallelConfig
-    from training.muon import MuonConfig
-    from training.newton_schulz import NewtonSchulzConfig
-    from training.settings import TrainingSettings
-    from training.trainer_config import TrainerConfig
+    nproc: int = option(1, "Processes (ranks) on this machine.")
+    nnodes: int = option(1, "Machines; more than 1 needs --rdzv-endpoint.")
+    rdzv_endpoint: str | None = option(None, "host:port of the rendezvous (multi-node).")
 
-    settings = TrainingSettings()
-    if ns_schedule not in SCHEDULES:
-        _fail(f"--ns-schedule must be one of {', '.join(SCHEDULES)}")
-    if scale_rule not in SCALE_RULES:
-        _fail(f"--scale-rule must be one of {', '.join(SCALE_RULES)}")
-    if nnodes > 1 and not rdzv_endpoint:
+    @property
+    def world_size(self) -> int:
+        return self.nproc * self.nnodes
+
+    def torchrun_command(self, config_file: str) -> list[str]:
+        command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={self.nproc}"]
+        if self.nnodes == 1:
+            command.append("--standalone")
+        else:
+            command += [
+                f"--nnodes={self.nnodes}",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={self.rdzv_endpoint}",
+            ]
+        return [*command, "-m", "training.launch", config_file]
+
+
+TRAINER_OPTIONS = cli_options(TrainerConfig)
+LAUNCH_OPTIONS = cli_options(LaunchConfig)
+
+
+def _train(values: dict[str, Any]) -> None:
+    error = check_choices(TRAINER_OPTIONS, values)
+    if error:
+        _fail(error)
+    launch: LaunchConfig = build_config(LaunchConfig, LAUNCH_OPTIONS, values)
+    if launch.nnodes > 1 and not launch.rdzv_endpoint:
         _fail("--nnodes > 1 needs --rdzv-endpoint host:port")
-    config = TrainerConfig(
-        model_path=model,
-        data_path=data,
-        batch_size=batch_size,
-        seq_len=seq_len,
-        steps=steps,
-        seed=seed,
-        grad_clip=grad_clip,
-        bf16=bf16,
-        optimizer=MuonConfig(
-            lr=lr,
-            adamw_lr=adamw_lr,
-            weight_decay=weight_decay,
-            newton_schulz=NewtonSchulzConfig(schedule=ns_schedule),
-            scale_rule=scale_rule,  # type: ignore[arg-type]
-        ),
-        parallel=ParallelConfig(world_size=nproc * nnodes, dp_shard=dp_shard, cp=cp, ep=ep),
-        checkpoint_dir=checkpoint_dir or settings.train_checkpoint_dir,
-        checkpoint_every=checkpoint_every,
-        export_dir=export_dir,
-        metrics_port=metrics_port if metrics_port is not None else settings.trainer_metrics_port,
-    )
+    config = _trainer_config(values, launch, TrainingSettings())
     try:
         config.validate()
     except (ValueError, OSError) as exc:
         _fail(str(exc))
-
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
         handle.write(config.to_json())
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
-    if nnodes == 1:
-        command.append("--standalone")
-    else:
-        command += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}"]
-    command += ["-m", "training.launch", handle.name]
     try:
-        code = subprocess.call(command)
+        code = subprocess.call(launch.torchrun_command(handle.name))
     finally:
         Path(handle.name).unlink(missing_ok=True)
     if code != 0:
@@ -117,6 +76,32 @@ def train(
         raise typer.Exit(1)
 
 
-def _fail(message: str) -> None:
+def _trainer_config(
+    values: dict[str, Any], launch: LaunchConfig, settings: TrainingSettings
+) -> TrainerConfig:
+    """The flags' config, sized to the launch; unset paths and ports fall back to env."""
+    config: TrainerConfig = build_config(TrainerConfig, TRAINER_OPTIONS, values)
+    return dataclasses.replace(
+        config,
+        parallel=dataclasses.replace(config.parallel, world_size=launch.world_size),
+        checkpoint_dir=config.checkpoint_dir or settings.train_checkpoint_dir,
+        metrics_port=(
+            config.metrics_port if config.metrics_port is not None else settings.trainer_metrics_port
+        ),
+    )
+
+
+def _fail(message: str) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(2)
+
+
+train = typer_command(
+    [*TRAINER_OPTIONS[:1], *LAUNCH_OPTIONS, *TRAINER_OPTIONS[1:]],
+    _train,
+    """Train the model with Muon on (dense HSDP, expert, CP) meshes under torchrun.
+
+    Resumes from the newest checkpoint in --checkpoint-dir; prints loss, tokens/s and
+    optimizer step time per step.
+    """,
+)

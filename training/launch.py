@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from training.config import TrainerConfig
 from training.trainer import Trainer
-from training.trainer_config import TrainerConfig
 
 
 def main(config_path: str) -> None:

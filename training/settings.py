@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from training.rl.config import DEFAULT_FEEDBACK_FILE
+from training.feedback import DEFAULT_FEEDBACK_FILE
 
 
 class TrainingSettings(BaseSettings):

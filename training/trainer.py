@@ -3,8 +3,8 @@
 One ``Trainer`` per rank (under torchrun). Each step every rank builds the same global
 batch (training.data), keeps its own samples (data-parallel rank) and sequence chunk
 (context-parallel rank), runs the loss hook (training.losses) and backpropagates its
-share of the global token mean; reductions sum (training.parallelize), so gradients equal
-a single process's on the whole batch.
+share of the global token mean; reductions sum (``parallelize``), so gradients equal a
+single process's on the whole batch.
 """
 
 from __future__ import annotations
@@ -20,15 +20,15 @@ import torch.distributed as dist
 from torch import Tensor
 
 from training.checkpoint import export_hf, latest_checkpoint, load_checkpoint, save_checkpoint
+from training.config import TrainerConfig
 from training.data import RandomTokens, TokenStream
+from training.distributed.mesh import Meshes, build_meshes
 from training.losses import LossFn, cross_entropy_loss
-from training.mesh import Meshes, build_meshes
 from training.metrics import serve_metrics, trainer_metrics
-from training.model import DeepseekV3Model
-from training.moe import update_routing_bias
-from training.muon import build_optimizer
-from training.parallelize import parallelize, reduce_expert_gradients
-from training.trainer_config import TrainerConfig
+from training.models.deepseek_v3.model import DeepseekV3Model
+from training.models.deepseek_v3.moe import update_routing_bias
+from training.models.deepseek_v3.parallelize import parallelize, reduce_expert_gradients
+from training.optim.muon import build_optimizer
 
 
 @dataclass

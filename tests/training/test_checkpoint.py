@@ -11,12 +11,12 @@ import pytest
 import torch
 from spawn import run_ranks
 
-from training.mesh import ParallelConfig
-from training.model import DeepseekV3Model
-from training.model_config import ModelConfig
-from training.muon import MuonConfig
+from training.config import TrainerConfig
+from training.distributed.config import ParallelConfig
+from training.models.deepseek_v3.config import ModelConfig
+from training.models.deepseek_v3.model import DeepseekV3Model
+from training.optim.config import MuonConfig
 from training.trainer import Trainer
-from training.trainer_config import TrainerConfig
 
 SMALL = ModelConfig(
     vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,

@@ -55,7 +55,7 @@ def test_missing_model_directory(tmp_path: Path) -> None:
 
 @pytest.mark.distributed
 def test_train_under_torchrun_checkpoints_and_exports(tiny_model: Path, tmp_path: Path) -> None:
-    from training.model import DeepseekV3Model
+    from training.models.deepseek_v3.model import DeepseekV3Model
 
     data = tmp_path / "data.jsonl"
     data.write_text('{"text": "def add(a, b):\\n    return a + b\\n"}\n' * 20)

@@ -8,8 +8,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from training.model import DeepseekV3Model
-from training.model_config import ModelConfig
+from training.models.deepseek_v3.config import ModelConfig
+from training.models.deepseek_v3.model import DeepseekV3Model
 
 
 def _hf_logits(path: Path, ids: torch.Tensor) -> torch.Tensor:
@@ -113,7 +113,7 @@ def test_yarn_rope_matches_transformers(tmp_path: Path) -> None:
     torch.manual_seed(0)
     DeepseekV3ForCausalLM(config).save_pretrained(tmp_path)
     ours = DeepseekV3Model.from_pretrained(tmp_path).eval()
-    assert ours.config.rope().kind == "yarn"
+    assert ours.config.rope_kind == "yarn"
     ids = torch.randint(0, 64, (1, 48), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         assert _relative_error(ours(ids), _hf_logits(tmp_path, ids)) <= 1e-5
@@ -125,7 +125,7 @@ def test_unsupported_rope_scaling_is_named() -> None:
 
 
 def test_routing_bias_moves_toward_balance() -> None:
-    from training.moe import MoE, update_routing_bias
+    from training.models.deepseek_v3.moe import MoE, update_routing_bias
 
     small = ModelConfig(
         hidden_size=32, num_attention_heads=2, q_lora_rank=16, kv_lora_rank=16,

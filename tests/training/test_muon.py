@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-import training.muon as muon_module
-from training.matrix_layout import Split
-from training.model import DeepseekV3Model
-from training.model_config import ModelConfig
-from training.muon import MuonConfig, build_optimizer, matrix_layouts, update_scale
-from training.newton_schulz import NewtonSchulzConfig, orthogonalize
+import training.optim.muon as muon_module
+from training.models.deepseek_v3.config import ModelConfig
+from training.models.deepseek_v3.model import DeepseekV3Model
+from training.optim.config import MuonConfig, NewtonSchulzConfig
+from training.optim.matrix_layout import Split
+from training.optim.muon import build_optimizer, matrix_layouts, update_scale
+from training.optim.newton_schulz import orthogonalize
 
 SMALL = ModelConfig(
     vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,

@@ -11,9 +11,10 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
-from training.matrix_layout import WHOLE, MatrixLayout, Split
-from training.muon import Muon, MuonConfig
-from training.sharded_muon import ShardedOrthogonalizer
+from training.optim.config import MuonConfig
+from training.optim.matrix_layout import WHOLE, MatrixLayout, Split
+from training.optim.muon import Muon
+from training.optim.sharded_muon import ShardedOrthogonalizer
 
 # Shapes chosen to shard unevenly on 2, 4 and 8 ranks, leave some ranks empty, split
 # matrices across ranks, and put two parameters in one same-shape group.

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from training.model import DeepseekV3Model
+from training.models.deepseek_v3.model import DeepseekV3Model
 
 PROMPT = [1, 40, 300, 77, 512, 9, 123, 600, 5, 250, 31, 88]
 

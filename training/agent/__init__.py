@@ -1,4 +1,5 @@
-"""Agent harness: tool-using episodes through the OpenAI-compatible API, and their record."""
+"""Agent harness: tool-using episodes through the OpenAI-compatible API (their record is
+``training.trajectory``)."""
 
 from training.agent.client import Completion, PolicyClient, PolicyResponseError, SamplingConfig
 from training.agent.episode import (
@@ -9,15 +10,6 @@ from training.agent.episode import (
     fixed_version,
     run_episode,
 )
-from training.agent.record import (
-    FeedbackMark,
-    TestOutcome,
-    ToolCall,
-    ToolResult,
-    Trajectory,
-    Turn,
-    Verdict,
-)
 from training.agent.sandbox import diff_trees, sandbox_copy
 from training.agent.tools import TOOL_NAMES, TOOL_SPECS, SandboxLimits, ToolBox, ToolOutcome
 
@@ -27,20 +19,13 @@ __all__ = [
     "Completion",
     "EpisodeConfig",
     "EpisodeResult",
-    "FeedbackMark",
     "Policy",
     "PolicyClient",
     "PolicyResponseError",
     "SamplingConfig",
     "SandboxLimits",
-    "TestOutcome",
     "ToolBox",
-    "ToolCall",
     "ToolOutcome",
-    "ToolResult",
-    "Trajectory",
-    "Turn",
-    "Verdict",
     "VersionGate",
     "diff_trees",
     "fixed_version",

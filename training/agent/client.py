@@ -13,7 +13,7 @@ from typing import Any
 
 import openai
 
-from training.agent.record import ToolCall
+from training.trajectory import ToolCall
 
 
 class PolicyResponseError(RuntimeError):

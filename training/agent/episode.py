@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from training.agent.client import Completion
-from training.agent.record import TestOutcome, ToolResult, Turn
 from training.agent.sandbox import diff_trees, sandbox_copy
 from training.agent.tools import TOOL_NAMES, TOOL_SPECS, SandboxLimits, ToolBox
 from training.monitor import CommandEntry, FileChange
+from training.trajectory import TestOutcome, ToolResult, Turn
 
 SYSTEM_PROMPT = (
     "You fix Python repositories. A feature was removed; implement it so the tests pass. "

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from training.agent.record import Verdict
 from training.monitor.code_rules import (
     eq_findings,
     exit_skip_findings,
@@ -13,6 +12,7 @@ from training.monitor.code_rules import (
 )
 from training.monitor.command_rules import command_findings
 from training.monitor.evidence import EpisodeEvidence
+from training.trajectory import Verdict
 
 RuleSet = Callable[[EpisodeEvidence], Iterator[tuple[str, str]]]
 

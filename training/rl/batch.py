@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
-from training.agent.record import Trajectory
+from training.feedback import Encode, hinted_prompt
 from training.rl.config import GRPOConfig
-from training.rl.feedback import Encode, hinted_prompt
 from training.rl.losses import group_advantages
+from training.trajectory import Trajectory
 
 
 @dataclass

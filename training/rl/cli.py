@@ -27,7 +27,7 @@ def rl(
     feedback_config: Path | None = typer.Option(
         None,
         help="Triggers, hints and hint-KL coefficient as YAML "
-        "(default: training/rl/feedback.yaml).",
+        "(default: training/feedback.yaml).",
     ),
     model: Path | None = typer.Option(None, help="HF checkpoint to start from (default: tiny)."),
     workers: int = typer.Option(1, help="Rollout worker processes."),
@@ -52,7 +52,7 @@ def rl(
     import os
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from training.rl.config import DEFAULT_FEEDBACK_FILE, FeedbackConfigError, load_feedback_config
+    from training.feedback import DEFAULT_FEEDBACK_FILE, FeedbackConfigError, load_feedback_config
     from training.rl.session import RlSession, SessionConfig
 
     if environment not in ("digits", "toolchoice", "coding"):

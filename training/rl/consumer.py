@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import redis
 from pydantic import ValidationError
 
-from training.agent.record import Trajectory
+from training.trajectory import Trajectory
 
 _SEEN_LIMIT = 100_000
 

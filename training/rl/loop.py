@@ -19,13 +19,14 @@ from typing import Protocol
 
 from torch import Tensor
 
+from training.feedback import Encode
 from training.rl.batch import build_batch
 from training.rl.config import GRPOConfig
 from training.rl.consumer import TrajectoryConsumer, TrajectoryGroup
-from training.rl.feedback import Encode
 from training.rl.trainer_hook import trainer_batch
-from training.rollouts import PolicyVersionGate, RolloutRequest
+from training.rollouts.gate import PolicyVersionGate
 from training.rollouts.metrics import STALENESS
+from training.rollouts.request import RolloutRequest
 
 
 class TrainerLike(Protocol):

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from training.rl.config import KlNormalisation, Normalisation
+from training.feedback import KlNormalisation
+from training.rl.config import Normalisation
 
 
 @dataclass(frozen=True)
@@ -38,12 +39,6 @@ def group_advantages(
     if not scale_by_std:
         return centered
     return centered / (rewards.std(unbiased=True) + eps)
-
-
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log p(target) per position: ``logits`` [..., V], ``targets`` [...]."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
 def _reduce(per_token: torch.Tensor, mask: torch.Tensor, normalisation: str) -> torch.Tensor:

@@ -14,7 +14,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from training.rl.config import DEFAULT_FEEDBACK_FILE, GRPOConfig, load_feedback_config
+from training.feedback import DEFAULT_FEEDBACK_FILE, load_feedback_config
+from training.rl.config import GRPOConfig
 from training.rl.loop import LoopConfig, RlLoop, StepReport
 
 
@@ -38,7 +39,7 @@ class SessionConfig:
     redis_url: str = ""
     engine_urls: tuple[str, ...] = ()
     policy_url: str = ""
-    #: Triggers, hints and the hint-KL coefficient (YAML; see training/rl/feedback.yaml).
+    #: Triggers, hints and the hint-KL coefficient (YAML; see training/feedback.yaml).
     feedback_config: Path = DEFAULT_FEEDBACK_FILE
 
 
@@ -72,17 +73,16 @@ class RlSession:
         from tokenizers import Tokenizer
 
         from serving import build_tiny_checkpoint
-        from training.muon import MuonConfig
+        from training.config import TrainerConfig
+        from training.optim.config import MuonConfig
         from training.rl.consumer import TrajectoryConsumer
         from training.rl.stack import start_engine, start_valkey, start_workers
         from training.rl.trainer_hook import grpo_loss_hook
-        from training.rollouts import PolicyVersionGate
-        from training.rollouts.gate import gate_prefix
+        from training.rollouts.gate import PolicyVersionGate, gate_prefix
         from training.rollouts.weight_sync import VllmWeightSync
         from training.rollouts.worker import TASK_NAME, make_celery
         from training.settings import TrainingSettings
         from training.trainer import Trainer
-        from training.trainer_config import TrainerConfig
 
         c = self.config
         logs = c.out / "logs"

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 
 import torch
 
+from training.losses import token_logprobs
 from training.rl.batch import TurnBatch, completion_logits
 from training.rl.config import GRPOConfig
-from training.rl.losses import clipped_policy_loss, hint_kl_loss, token_logprobs
+from training.rl.losses import clipped_policy_loss, hint_kl_loss
 
 Policy = Callable[[torch.Tensor], torch.Tensor]
 

@@ -19,17 +19,13 @@ from training.agent import (
     EpisodeConfig,
     EpisodeResult,
     Policy,
-    TestOutcome,
-    ToolCall,
-    ToolResult,
-    Trajectory,
-    Turn,
     VersionGate,
     run_episode,
 )
+from training.feedback import TextFeedbackConfig, detect_feedback
 from training.monitor import EpisodeEvidence, check_episode, monitored_reward
-from training.rl import TextFeedbackConfig, detect_feedback
 from training.rollouts.request import RolloutRequest
+from training.trajectory import TestOutcome, ToolCall, ToolResult, Trajectory, Turn
 
 
 class Environment(Protocol):
@@ -77,7 +73,8 @@ class CodingEnvironment:
     name: str = "coding"
 
     def run(self, request: RolloutRequest, policy: Policy, gate: VersionGate) -> Trajectory:
-        from training.tasks import evaluate_sandbox, load_task, task_reward
+        from training.tasks.builder import load_task
+        from training.tasks.reward import evaluate_sandbox, task_reward
 
         task_dir = self.task_root / request.task_id
         task = load_task(task_dir)

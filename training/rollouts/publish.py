@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import redis
 
-from training.agent.record import Trajectory
+from training.trajectory import Trajectory
 
 # KEYS[1] done-marker, KEYS[2] stream; ARGV[1] payload, ARGV[2] marker TTL seconds.
 _PUBLISH_ONCE = """

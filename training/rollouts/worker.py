@@ -19,7 +19,7 @@ from celery.signals import worker_process_init
 from prometheus_client import start_http_server
 
 from training.agent import EpisodeConfig, PolicyClient, SamplingConfig
-from training.rl import load_feedback_config
+from training.feedback import load_feedback_config
 from training.rollouts.environments import (
     CodingEnvironment,
     DigitsEnvironment,

@@ -11,10 +11,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from training.agent.record import TestOutcome
 from training.tasks.builder import load_task
 from training.tasks.layout import is_test_file
 from training.tasks.scrub import scrub
+from training.trajectory import TestOutcome
 
 
 def evaluate_sandbox(task_dir: Path, sandbox: Path, timeout_s: float = 300.0) -> TestOutcome:

@@ -14,11 +14,10 @@ from training.agent import (
     EpisodeConfig,
     PolicyClient,
     SamplingConfig,
-    TestOutcome,
-    ToolCall,
     fixed_version,
     run_episode,
 )
+from training.trajectory import TestOutcome, ToolCall
 
 FIXTURE = Path(__file__).parents[1] / "tasks" / "fixture_repo"
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import yaml
 
-from training.agent import Verdict
 from training.monitor import RULES, EpisodeEvidence, check_episode, monitored_reward
+from training.trajectory import Verdict
 
 CORPUS = yaml.safe_load((Path(__file__).parent / "corpus.yaml").read_text())
 EPISODES: list[dict[str, Any]] = CORPUS["episodes"]

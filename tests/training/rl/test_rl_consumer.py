@@ -6,8 +6,8 @@ import uuid
 
 import redis
 
-from training.agent import Trajectory, Turn
-from training.rl import TrajectoryConsumer
+from training.rl.consumer import TrajectoryConsumer
+from training.trajectory import Trajectory, Turn
 
 
 def _trajectory(task: str, version: int, reward: float = 1.0) -> Trajectory:

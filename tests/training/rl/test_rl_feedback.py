@@ -9,18 +9,18 @@ import pytest
 import torch
 from rl_toy import VOCAB, BagOfContextLM, encode
 
-from training.agent import FeedbackMark, ToolCall, ToolResult, Trajectory, Turn
-from training.rl import (
+from training.feedback import (
     FeedbackConfigError,
-    GRPOConfig,
     TextFeedbackConfig,
     Trigger,
-    build_batch,
     detect_feedback,
     hinted_prompt,
     load_feedback_config,
-    rl_loss,
 )
+from training.rl.batch import build_batch
+from training.rl.config import GRPOConfig
+from training.rl.step import rl_loss
+from training.trajectory import FeedbackMark, ToolCall, ToolResult, Trajectory, Turn
 
 TOOLS = ["read_file", "finish"]
 FEEDBACK = TextFeedbackConfig(

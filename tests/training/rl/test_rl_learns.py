@@ -16,17 +16,14 @@ import torch
 def test_grpo_raises_mean_reward(process_group: None, tiny_model: Path) -> None:
     from tokenizers import Tokenizer
 
-    from training.agent import Trajectory, Turn
-    from training.muon import MuonConfig
-    from training.rl import (
-        GRPOConfig,
-        TextFeedbackConfig,
-        build_batch,
-        grpo_loss_hook,
-        trainer_batch,
-    )
+    from training.config import TrainerConfig
+    from training.feedback import TextFeedbackConfig
+    from training.optim.config import MuonConfig
+    from training.rl.batch import build_batch
+    from training.rl.config import GRPOConfig
+    from training.rl.trainer_hook import grpo_loss_hook, trainer_batch
     from training.trainer import Trainer
-    from training.trainer_config import TrainerConfig
+    from training.trajectory import Trajectory, Turn
 
     tokenizer = Tokenizer.from_file(str(tiny_model / "tokenizer.json"))
     vocab = tokenizer.get_vocab_size()

@@ -24,15 +24,18 @@ def test_loop_trains_on_fresh_groups_and_advances_the_version(
 ) -> None:
     from tokenizers import Tokenizer
 
-    from training.muon import MuonConfig
-    from training.rl import GRPOConfig, LoopConfig, RlLoop, TrajectoryConsumer, grpo_loss_hook
-    from training.rl.config import load_feedback_config
-    from training.rollouts import PolicyVersionGate, VllmWeightSync
-    from training.rollouts.gate import gate_prefix
+    from training.config import TrainerConfig
+    from training.feedback import load_feedback_config
+    from training.optim.config import MuonConfig
+    from training.rl.config import GRPOConfig
+    from training.rl.consumer import TrajectoryConsumer
+    from training.rl.loop import LoopConfig, RlLoop
+    from training.rl.trainer_hook import grpo_loss_hook
+    from training.rollouts.gate import PolicyVersionGate, gate_prefix
+    from training.rollouts.weight_sync import VllmWeightSync
     from training.rollouts.worker import TASK_NAME, make_celery
     from training.settings import TrainingSettings
     from training.trainer import Trainer
-    from training.trainer_config import TrainerConfig
 
     run = uuid.uuid4().hex[:8]
     queue, stream = f"rollouts-{run}", f"traj-{run}"

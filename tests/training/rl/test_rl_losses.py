@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from training.rl import clipped_policy_loss, group_advantages, hint_kl_loss
+from training.rl.losses import clipped_policy_loss, group_advantages, hint_kl_loss
 
 
 def test_group_advantages_hand_values() -> None:

@@ -25,7 +25,8 @@ def test_session_steps_push_weights_and_record_turn_versions(
     redis_url: str, vllm_url: str, tiny_model: Path, tmp_path: Path
 ) -> None:
     from training.rl.session import RlSession, SessionConfig
-    from training.rollouts import PolicyVersionGate, VllmWeightSync, WeightSyncError
+    from training.rollouts.gate import PolicyVersionGate
+    from training.rollouts.weight_sync import VllmWeightSync, WeightSyncError
 
     if httpx.get(f"{vllm_url}/is_paused", timeout=30).status_code == 404:
         pytest.skip("this vLLM runs without VLLM_SERVER_DEV_MODE=1 (no weight reload endpoints)")

@@ -6,15 +6,17 @@ import pytest
 import torch
 from rl_toy import encode
 
-from training.agent import Trajectory, Turn
-from training.model import DeepseekV3Model
-from training.model_config import ModelConfig
-from training.muon import MuonConfig
-from training.rl import GRPOConfig, TextFeedbackConfig, Trigger, build_batch, detect_feedback
+from training.config import TrainerConfig
+from training.feedback import TextFeedbackConfig, Trigger, detect_feedback
+from training.models.deepseek_v3.config import ModelConfig
+from training.models.deepseek_v3.model import DeepseekV3Model
+from training.optim.config import MuonConfig
+from training.rl.batch import build_batch
+from training.rl.config import GRPOConfig
 from training.rl.step import rl_loss
 from training.rl.trainer_hook import grpo_loss_hook, trainer_batch
 from training.trainer import Trainer
-from training.trainer_config import TrainerConfig
+from training.trajectory import Trajectory, Turn
 
 SMALL = ModelConfig(
     vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
@@ -30,7 +32,7 @@ FEEDBACK = TextFeedbackConfig(
 
 
 def _trajectory(name: str, reward: float, completion: list[int]) -> Trajectory:
-    from training.agent import ToolCall, ToolResult
+    from training.trajectory import ToolCall, ToolResult
 
     bad = Turn(
         index=0,

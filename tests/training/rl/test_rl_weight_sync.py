@@ -36,7 +36,7 @@ def _digests(vllm_url: str) -> dict[str, str]:
 
 
 def _changed_checkpoint(tiny_model: Path, out: Path) -> Path:
-    from training.model import DeepseekV3Model
+    from training.models.deepseek_v3.model import DeepseekV3Model
 
     model = DeepseekV3Model.from_pretrained(tiny_model)
     with torch.no_grad():
@@ -61,7 +61,8 @@ def _has_extension(vllm_url: str) -> bool:
 def test_push_changes_outputs_and_restores_the_engine_exactly(
     vllm_url: str, redis_url: str, tiny_model: Path, tmp_path: Path
 ) -> None:
-    from training.rollouts import PolicyVersionGate, VllmWeightSync, WeightSyncError
+    from training.rollouts.gate import PolicyVersionGate
+    from training.rollouts.weight_sync import VllmWeightSync, WeightSyncError
 
     if httpx.get(f"{vllm_url}/is_paused", timeout=30).status_code == 404:
         pytest.skip("this vLLM runs without VLLM_SERVER_DEV_MODE=1 (no weight reload endpoints)")
@@ -95,7 +96,8 @@ def test_push_changes_outputs_and_restores_the_engine_exactly(
 
 def test_engine_without_dev_endpoints_is_named(redis_url: str, tmp_path: Path) -> None:
     """A URL that is no vLLM dev server: the error names the engine and what to enable."""
-    from training.rollouts import PolicyVersionGate, VllmWeightSync, WeightSyncError
+    from training.rollouts.gate import PolicyVersionGate
+    from training.rollouts.weight_sync import VllmWeightSync, WeightSyncError
 
     gate = PolicyVersionGate(redis.Redis.from_url(redis_url), prefix=f"sync-{uuid.uuid4().hex}")
     with pytest.raises(WeightSyncError, match=r"127\.0\.0\.1:9: cannot reach"):
@@ -110,8 +112,7 @@ def test_replica_urls_expand_a_name_with_several_addresses(
     cannot exist on this machine, so only that name's lookup is replaced here."""
     import socket
 
-    from training.rollouts import WeightSyncError
-    from training.rollouts.weight_sync import replica_urls
+    from training.rollouts.weight_sync import WeightSyncError, replica_urls
 
     assert replica_urls("http://127.0.0.1:8000/") == ["http://127.0.0.1:8000"]
     assert replica_urls("http://localhost:8000") == ["http://localhost:8000"]

@@ -9,18 +9,12 @@ from typing import Any
 
 import pytest
 
-from training.agent import (
-    Completion,
-    EpisodeConfig,
-    PolicyClient,
-    SamplingConfig,
-    ToolCall,
-    fixed_version,
-)
-from training.rl import load_feedback_config
-from training.rollouts import RolloutRequest
+from training.agent import Completion, EpisodeConfig, PolicyClient, SamplingConfig, fixed_version
+from training.feedback import load_feedback_config
 from training.rollouts.environments import CodingEnvironment
-from training.tasks import BuildConfig, build_tasks
+from training.rollouts.request import RolloutRequest
+from training.tasks.builder import BuildConfig, build_tasks
+from training.trajectory import ToolCall
 
 FIXTURE = Path(__file__).parents[1] / "tasks" / "fixture_repo"
 

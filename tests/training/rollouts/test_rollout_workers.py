@@ -17,8 +17,10 @@ import pytest
 import redis
 
 from tests.conftest import free_port
-from training.agent import Trajectory, Turn
-from training.rollouts import PolicyVersionGate, RolloutRequest, TrajectoryPublisher
+from training.rollouts.gate import PolicyVersionGate
+from training.rollouts.publish import TrajectoryPublisher
+from training.rollouts.request import RolloutRequest
+from training.trajectory import Trajectory, Turn
 
 
 def _trajectory(rollout_id: str) -> Trajectory:

@@ -8,14 +8,14 @@ from typing import Any
 import pytest
 
 from training.agent import Completion, PolicyClient, SamplingConfig, fixed_version
-from training.rl import load_feedback_config
-from training.rollouts import RolloutRequest
+from training.feedback import load_feedback_config
 from training.rollouts.environments import (
     TOOLCHOICE_TOOLS,
     ToolChoiceEnvironment,
     toolchoice_available,
     toolchoice_hint,
 )
+from training.rollouts.request import RolloutRequest
 
 
 class OneReply:

@@ -9,16 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from training.tasks import (
-    BuildConfig,
-    TaskBuildError,
-    build_tasks,
-    canary_scan,
-    delete_feature,
-    evaluate_sandbox,
-    load_task,
-    task_reward,
-)
+from training.tasks.builder import BuildConfig, TaskBuildError, build_tasks, load_task
+from training.tasks.deletion import delete_feature
+from training.tasks.reward import evaluate_sandbox, task_reward
+from training.tasks.scrub import canary_scan
 from training.tasks.spec import Feature
 
 FIXTURE = Path(__file__).parent / "fixture_repo"

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 from torch import Tensor
 
-from training.collectives import all_gather_dim0
+from training.distributed.collectives import all_gather_dim0
 
 
 @dataclass(frozen=True)

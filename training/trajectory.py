@@ -1,4 +1,4 @@
-"""The trajectory record (DESIGN.md contract) shared by rollout workers and the trainer.
+"""The trajectory record shared by rollout workers, the monitor and the trainer.
 
 Every field the trainer needs to recompute the loss exactly is here: per turn the token
 ids vLLM saw and produced, the logprobs it sampled them with and the policy version that

@@ -13,7 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.rope import Rope
+
+def rope_kind(scaling: dict[str, Any] | None) -> str:
+    """``default`` or the scaling's type (``yarn`` for DeepSeek-V3 and Kimi checkpoints)."""
+    if not scaling:
+        return "default"
+    return str(scaling.get("rope_type", scaling.get("type", "default")))
 
 
 @dataclass
@@ -72,10 +77,12 @@ class ModelConfig:
             raise ValueError("num_experts_per_tok must be <= n_routed_experts")
         if self.qk_rope_head_dim % 2:
             raise ValueError(f"qk_rope_head_dim ({self.qk_rope_head_dim}) must be even")
-        self.rope().validate()
+        if self.rope_kind not in ("default", "yarn"):
+            raise ValueError(f"rope scaling {self.rope_kind!r} is not supported (default or yarn)")
 
-    def rope(self) -> Rope:
-        return Rope(self.qk_rope_head_dim, self.rope_theta, self.rope_interleave, self.rope_scaling)
+    @property
+    def rope_kind(self) -> str:
+        return rope_kind(self.rope_scaling)
 
     @property
     def rope_scaling(self) -> dict[str, Any] | None:

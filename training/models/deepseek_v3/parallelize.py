@@ -19,12 +19,12 @@ from torch import Tensor, nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
-from training.attention import MLAttention
-from training.context_parallel import ContextParallel
-from training.expert_parallel import ExpertParallel
-from training.mesh import Meshes
-from training.model import DeepseekV3Model
-from training.moe import MoE
+from training.distributed.context_parallel import ContextParallel
+from training.distributed.expert_parallel import ExpertParallel
+from training.distributed.mesh import Meshes
+from training.models.deepseek_v3.attention import MLAttention
+from training.models.deepseek_v3.model import DeepseekV3Model
+from training.models.deepseek_v3.moe import MoE
 
 
 def expert_parameters(model: nn.Module) -> list[nn.Parameter]:

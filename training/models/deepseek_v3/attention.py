@@ -3,7 +3,7 @@
 Queries go through a low-rank ``q_a_proj`` -> RMSNorm -> ``q_b_proj`` (or one ``q_proj``);
 keys and values share one compressed latent from ``kv_a_proj_with_mqa`` whose last
 ``qk_rope_head_dim`` channels carry the single rotary key shared by all heads
-(training.rope).
+(training.models.deepseek_v3.rope).
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from training.context_parallel import ContextParallel
-from training.model_config import ModelConfig
+from training.distributed.context_parallel import ContextParallel
+from training.models.deepseek_v3.config import ModelConfig
+from training.models.deepseek_v3.rope import Rope
 
 
 class RMSNorm(nn.Module):
@@ -50,9 +51,9 @@ class MLAttention(nn.Module):
             config.kv_lora_rank, heads * (config.qk_nope_head_dim + config.v_head_dim), bias=False
         )
         self.o_proj = nn.Linear(heads * config.v_head_dim, hidden, bias=bias)
-        self.rope = config.rope()
+        self.rope = Rope.from_config(config)
         self.scaling = config.qk_head_dim**-0.5 * self.rope.softmax_factor
-        # Set by training.parallelize.apply_context_parallel; None means the whole sequence.
+        # Set by parallelize.apply_context_parallel; None means the whole sequence.
         self.context_parallel: ContextParallel | None = None
 
     def _queries(self, x: Tensor) -> Tensor:

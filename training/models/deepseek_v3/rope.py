@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from training.models.deepseek_v3.config import ModelConfig, rope_kind
+
 
 def _mscale(scale: float, mscale: float = 1.0) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
@@ -27,15 +29,15 @@ class Rope:
     interleave: bool
     scaling: dict[str, Any] | None = None
 
+    @classmethod
+    def from_config(cls, config: ModelConfig) -> Rope:
+        return cls(
+            config.qk_rope_head_dim, config.rope_theta, config.rope_interleave, config.rope_scaling
+        )
+
     @property
     def kind(self) -> str:
-        if not self.scaling:
-            return "default"
-        return str(self.scaling.get("rope_type", self.scaling.get("type", "default")))
-
-    def validate(self) -> None:
-        if self.kind not in ("default", "yarn"):
-            raise ValueError(f"rope scaling {self.kind!r} is not supported (default or yarn)")
+        return rope_kind(self.scaling)
 
     def inv_freq(self, device: torch.device) -> Tensor:
         exponents = torch.arange(0, self.dim, 2, dtype=torch.float, device=device) / self.dim

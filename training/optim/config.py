@@ -1,21 +1,10 @@
-"""Newton-Schulz iterations that map a matrix to (approximately) its polar factor U V^T.
-
-Muon replaces each weight matrix's update by its orthogonalised version. Each iteration is
-the odd quintic ``X <- a X + b (X X^T) X + c (X X^T)^2 X`` on a batch of same-shape
-matrices ([B, m, n]), so every head or expert of one shape costs one batched call.
-
-Two coefficient schedules: Keller Jordan's fixed quintic (3.4445, -4.7750, 2.0315), which
-drives singular values into roughly [0.7, 1.2] in 5 steps, and Polar Express (Amsel et
-al. 2025, arXiv:2505.16932), per-step optimal coefficients that converge tighter around 1.
-"""
+"""Muon's configuration: a leaf module, so every part of the optimizer can read it."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-
-import torch
-from torch import Tensor
+from dataclasses import dataclass, field
+from typing import Literal
 
 Coefficients = tuple[float, float, float]
 
@@ -42,7 +31,14 @@ POLAR_EXPRESS: tuple[Coefficients, ...] = (
 class NewtonSchulzConfig:
     """``schedule``: "quintic", "polar_express", or explicit per-step coefficients."""
 
-    schedule: str | tuple[Coefficients, ...] = "quintic"
+    schedule: str | tuple[Coefficients, ...] = field(
+        default="quintic",
+        metadata={
+            "help": "Newton-Schulz coefficient schedule.",
+            "flag": "ns_schedule",
+            "choices": ("quintic", "polar_express"),
+        },
+    )
     steps: int = 5
     eps: float = 1e-7
 
@@ -66,28 +62,28 @@ class NewtonSchulzConfig:
         return 1.01 if self.schedule == "polar_express" else 1.0
 
 
-def orthogonalize(matrices: Tensor, config: NewtonSchulzConfig) -> Tensor:
-    """Approximate polar factors of a batch ``[B, m, n]`` (fp32 in, same dtype out)."""
-    if matrices.dim() != 3:
-        raise ValueError(
-            f"expected a batch of matrices [B, m, n], got shape {tuple(matrices.shape)}"
-        )
-    x = matrices
-    transposed = x.shape[-2] > x.shape[-1]
-    if transposed:
-        # Iterate on the wide orientation: X X^T is then the smaller Gram matrix.
-        x = x.mT
-    norm = torch.linalg.matrix_norm(x, keepdim=True)  # Frobenius >= spectral norm
-    x = x / (norm * config.norm_safety + config.eps)
-    for a, b, c in config.coefficients():
-        gram = x @ x.mT
-        poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
-        x = torch.baddbmm(x, poly, x, beta=a, alpha=1.0)
-    return x.mT if transposed else x
+ScaleRule = Literal["spectral", "match_adamw"]
 
 
-def flops(rows: int, cols: int, steps: int) -> int:
-    """Multiply-add FLOPs of ``steps`` iterations on one rows x cols matrix."""
-    small, large = min(rows, cols), max(rows, cols)
-    per_step = 2 * small * small * large + 2 * small**3 + 2 * small * small * large
-    return steps * per_step
+@dataclass
+class MuonConfig:
+    """Fields with ``help`` metadata are command-line options of ``cstack train``."""
+
+    lr: float = field(default=0.02, metadata={"help": "Muon learning rate."})
+    momentum: float = 0.95
+    nesterov: bool = True
+    weight_decay: float = field(default=0.0, metadata={"help": "Muon decoupled weight decay."})
+    newton_schulz: NewtonSchulzConfig = field(default_factory=NewtonSchulzConfig)
+    # spectral: max(1, rows/cols)^0.5; match_adamw: 0.2 * sqrt(max(rows, cols)), so that the
+    # update's RMS matches AdamW's and AdamW learning rates carry over (Moonlight).
+    scale_rule: ScaleRule = field(
+        default="spectral", metadata={"help": "How each matrix's update is scaled."}
+    )
+    adamw_lr: float = field(
+        default=3e-4, metadata={"help": "AdamW learning rate (embeddings, norms, router)."}
+    )
+    adamw_betas: tuple[float, float] = (0.9, 0.95)
+    adamw_eps: float = 1e-8
+    adamw_weight_decay: float = 0.0
+    # Sharded Muon: how many same-shape groups may have transfers in flight at once.
+    max_in_flight: int = 2

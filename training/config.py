@@ -12,32 +12,45 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.mesh import ParallelConfig
-from training.model_config import ModelConfig
-from training.muon import MuonConfig
-from training.newton_schulz import NewtonSchulzConfig
+from training.distributed.config import ParallelConfig
+from training.models.deepseek_v3.config import ModelConfig
+from training.optim.config import MuonConfig, NewtonSchulzConfig
+from training.options import option
 
 
 @dataclass
 class TrainerConfig:
-    # Start from this HF checkpoint; without one, a random model of ``model`` is built.
-    model_path: Path | None = None
+    """One training run. Fields declared with ``option`` are ``cstack train``'s flags."""
+
+    model_path: Path | None = option(
+        None, "HF checkpoint directory to start from.", flag="model", required=True
+    )
+    #: Without ``model_path``, a random model of this shape is built (tests, benchmarks).
     model: ModelConfig | None = None
-    data_path: Path | None = None  # JSONL with "text" or "input_ids"; None: random tokens
-    batch_size: int = 8  # samples per optimizer step, over all ranks
-    seq_len: int = 64
-    steps: int = 10
-    seed: int = 0
-    grad_clip: float = 1.0
-    bf16: bool = False
-    routing_bias_speed: float = 1e-3  # aux-loss-free balancing step per optimizer step
+    data_path: Path | None = option(
+        None, "JSONL with 'text' or 'input_ids' per line; default: random tokens.", flag="data"
+    )
+    steps: int = option(10, "Optimizer steps to reach.")
+    batch_size: int = option(8, "Samples per step, over all ranks.")
+    seq_len: int = option(64, "Tokens per sample.")
+    seed: int = option(0, "Seed for data order and initialisation.")
+    grad_clip: float = option(1.0, "Global gradient norm limit (0: off).")
+    bf16: bool = option(False, "bf16 autocast for forward and backward.")
+    #: Aux-loss-free balancing: how far each routing bias moves per optimizer step.
+    routing_bias_speed: float = 1e-3
     optimizer: MuonConfig = field(default_factory=MuonConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    checkpoint_dir: Path | None = None
-    checkpoint_every: int = 0  # 0: only at the end (when checkpoint_dir is set)
-    export_dir: Path | None = None  # HF-format weights for serving, written at the end
+    checkpoint_dir: Path | None = option(
+        None,
+        "DCP checkpoints; resumes from the latest one here (env: CSTACK_TRAIN_CHECKPOINT_DIR).",
+    )
+    checkpoint_every: int = option(0, "Steps between checkpoints (0: only at the end).")
+    export_dir: Path | None = option(None, "Write HF-format weights for serving at the end.")
     log_every: int = 1
-    metrics_port: int | None = None
+    metrics_port: int | None = option(
+        None,
+        "Serve Prometheus metrics from rank 0 on this port (env: CSTACK_TRAINER_METRICS_PORT).",
+    )
 
     def model_config(self) -> ModelConfig:
         if self.model_path is not None:
@@ -54,7 +67,7 @@ class TrainerConfig:
             raise ValueError(f"data file {self.data_path} does not exist")
         if self.batch_size < 1 or self.seq_len < 1 or self.steps < 0:
             raise ValueError("batch_size and seq_len must be >= 1 and steps >= 0")
-        self.parallel.validate(self.model_config(), self.batch_size, self.seq_len)
+        self.parallel.validate(self.model_config().n_routed_experts, self.batch_size, self.seq_len)
 
     def to_json(self) -> str:
         return json.dumps(_encode(self))

@@ -1,15 +1,15 @@
 """Muon for the DeepSeek-V3 matrices, AdamW for everything else, in one optimizer.
 
 Muon (Keller Jordan, 2024) keeps SGD momentum and replaces each matrix's update by its
-orthogonalised version (training.newton_schulz). Matrices are taken at the model's natural
-granularity (training.matrix_layout): per attention head for q/kv/o projections, per
+orthogonalised version (training.optim.newton_schulz). Matrices are taken at the model's natural
+granularity (training.optim.matrix_layout): per attention head for q/kv/o projections, per
 expert for routed experts, whole otherwise. All matrices of one shape, across parameters,
 go through a single batched Newton-Schulz call. Embeddings, the output head, norms,
 biases and the router stay on AdamW, as in Moonlight and Kimi K2.
 
 One optimizer object (rather than two) keeps checkpointing (DCP ``get_state_dict``),
 learning-rate schedules and ``zero_grad`` simple for the trainer. Parameters that are
-FSDP2 DTensors sharded on dim 0 are orthogonalised by training.sharded_muon; the result is
+FSDP2 DTensors sharded on dim 0 are orthogonalised by training.optim.sharded_muon; the result is
 the same as on the full matrices.
 """
 
@@ -17,34 +17,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from training.matrix_layout import WHOLE, MatrixLayout, Split
-from training.newton_schulz import NewtonSchulzConfig, orthogonalize
-
-ScaleRule = Literal["spectral", "match_adamw"]
-
-
-@dataclass
-class MuonConfig:
-    lr: float = 0.02
-    momentum: float = 0.95
-    nesterov: bool = True
-    weight_decay: float = 0.0
-    newton_schulz: NewtonSchulzConfig = field(default_factory=NewtonSchulzConfig)
-    # spectral: max(1, rows/cols)^0.5; match_adamw: 0.2 * sqrt(max(rows, cols)), so that the
-    # update's RMS matches AdamW's and AdamW learning rates carry over (Moonlight).
-    scale_rule: ScaleRule = "spectral"
-    adamw_lr: float = 3e-4
-    adamw_betas: tuple[float, float] = (0.9, 0.95)
-    adamw_eps: float = 1e-8
-    adamw_weight_decay: float = 0.0
-    # Sharded Muon: how many same-shape groups may have transfers in flight at once.
-    max_in_flight: int = 2
+from training.optim.config import MuonConfig, NewtonSchulzConfig, ScaleRule
+from training.optim.matrix_layout import WHOLE, MatrixLayout, Split
+from training.optim.newton_schulz import orthogonalize
+from training.optim.sharded_muon import ShardedOrthogonalizer
 
 
 def update_scale(rows: int, cols: int, rule: ScaleRule) -> float:
@@ -111,7 +92,7 @@ class Muon(torch.optim.Optimizer):
         super().__init__(param_groups, defaults)
         self.config = config
         self.layouts = layouts
-        self._sharded: Any = None  # training.sharded_muon.ShardedOrthogonalizer, built lazily
+        self._sharded: Any = None  # training.optim.sharded_muon.ShardedOrthogonalizer, built lazily
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> None:  # type: ignore[override]
@@ -151,9 +132,7 @@ class Muon(torch.optim.Optimizer):
                 data.mul_(1 - lr * wd)
             data.add_(ortho[p].to(data.dtype), alpha=-lr * scale)
 
-    def _sharded_orthogonalizer(self, params: list[Tensor]) -> Any:
-        from training.sharded_muon import ShardedOrthogonalizer
-
+    def _sharded_orthogonalizer(self, params: list[Tensor]) -> ShardedOrthogonalizer:
         if self._sharded is None or self._sharded.param_ids != [id(p) for p in params]:
             self._sharded = ShardedOrthogonalizer(
                 params, [self.layouts[p] for p in params], self.config

@@ -2,7 +2,7 @@
 
 Routed experts are stored stacked (``gate_proj``/``up_proj`` [E, I, H], ``down_proj``
 [E, H, I]) so per-expert optimizer work and expert-parallel sharding address them by the
-leading dimension; checkpoints still store them per expert (training.hf_io). Routing adds
+leading dimension; checkpoints still store them per expert (``hf_io``). Routing adds
 ``e_score_correction_bias`` only for the choice of experts, never to the weights, and that
 bias is moved by load (aux-loss-free balancing), not by gradients.
 """
@@ -14,8 +14,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from training.expert_parallel import ExpertParallel
-from training.model_config import ModelConfig
+from training.distributed.expert_parallel import ExpertParallel
+from training.models.deepseek_v3.config import ModelConfig
 
 
 def local_tensor(param: Tensor) -> Tensor:
@@ -100,7 +100,7 @@ class MoE(nn.Module):
         self.register_buffer(
             "tokens_per_expert", torch.zeros(config.n_routed_experts), persistent=False
         )
-        # Set by training.parallelize.apply_expert_parallel; None keeps every expert local.
+        # Set by parallelize.apply_expert_parallel; None keeps every expert local.
         self.expert_parallel: ExpertParallel | None = None
 
     def forward(self, x: Tensor) -> Tensor:

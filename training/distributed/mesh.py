@@ -8,7 +8,7 @@ rank holds ``E / ep`` whole experts and tokens travel to them. Context paralleli
 
 The dimensions are independent factorisations of the same world rather than axes of one
 shared mesh, so world 8 runs CP=2 with EP=8 (one mesh would need 2 x 8 = 16 ranks).
-Everything is checked by :func:`ParallelConfig.validate` before any process starts.
+Everything is checked by ``ParallelConfig.validate`` (``config``) before any process starts.
 """
 
 from __future__ import annotations
@@ -18,45 +18,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from training.model_config import ModelConfig
-
-
-class ParallelConfigError(ValueError):
-    """A world size or shape the meshes cannot factor; the message names the constraint."""
-
-
-@dataclass(frozen=True)
-class ParallelConfig:
-    world_size: int = 1
-    dp_shard: int = 1  # FSDP shard group size for dense weights (narrow)
-    cp: int = 1  # context-parallel group size
-    ep: int = 1  # expert-parallel group size (wide)
-
-    @property
-    def dp_replicate(self) -> int:
-        return self.world_size // self.dp_shard
-
-    @property
-    def data_parallel(self) -> int:
-        """How many different sample shards the world holds (CP ranks share samples)."""
-        return self.world_size // self.cp
-
-    def validate(self, model: ModelConfig, batch_size: int, seq_len: int) -> None:
-        world = self.world_size
-        for name, size in (("dp_shard", self.dp_shard), ("cp", self.cp), ("ep", self.ep)):
-            if size < 1 or world % size:
-                raise ParallelConfigError(f"world size {world} is not divisible by {name}={size}")
-        if self.ep > 1 and model.n_routed_experts % self.ep:
-            raise ParallelConfigError(
-                f"n_routed_experts={model.n_routed_experts} is not divisible by ep={self.ep}"
-            )
-        if seq_len % self.cp:
-            raise ParallelConfigError(f"seq_len={seq_len} is not divisible by cp={self.cp}")
-        if batch_size % self.data_parallel:
-            raise ParallelConfigError(
-                f"batch_size={batch_size} is not divisible by the data-parallel degree "
-                f"world/cp={self.data_parallel}"
-            )
+from training.distributed.config import ParallelConfig
 
 
 @dataclass

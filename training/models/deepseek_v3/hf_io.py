@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from training.model_config import ModelConfig
+from training.models.deepseek_v3.config import ModelConfig
 
 _EXPERT_KEY = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(\w+_proj)\.weight$")
 _LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.")

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from training.collectives import all_to_all_single, exchange
+from training.distributed.collectives import all_to_all_single, exchange
 
 
 class LocalExperts(Protocol):

@@ -7,7 +7,7 @@ owns about 1/world of the work). One ``all_to_all_single`` sends every shard's p
 the owners, the owners run one batched Newton-Schulz call, and a second
 ``all_to_all_single`` returns each piece to the rank it came from. Nothing is sent twice
 and nothing is gathered everywhere. Which element goes where is worked out once, from the
-global shapes and the ``Shard(0)`` chunking rule, as index tensors (training.shard_plan).
+global shapes and the ``Shard(0)`` chunking rule, as index tensors (training.optim.shard_plan).
 
 Transfers are asynchronous: the runtime keeps up to ``max_in_flight`` groups' exchanges
 posted while it runs Newton-Schulz for an earlier group, so communication hides behind
@@ -25,10 +25,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from training.matrix_layout import MatrixLayout
-from training.muon import MuonConfig
-from training.newton_schulz import flops, orthogonalize
-from training.shard_plan import GroupPlan, plan_groups
+from training.optim.config import MuonConfig
+from training.optim.matrix_layout import MatrixLayout
+from training.optim.newton_schulz import flops, orthogonalize
+from training.optim.shard_plan import GroupPlan, plan_groups
 
 
 @dataclass

@@ -1,9 +1,9 @@
 """The DeepSeek-V3 causal LM the trainer optimises (the Kimi K2.5 text backbone's design).
 
 Module names follow HF's checkpoint (``model.layers.N.self_attn.q_b_proj`` ...) so that
-loading and saving is a rename of the expert tensors only (training.hf_io). Parallelism is
-not built in: functions in training.parallelize wrap the finished model (FSDP2 meshes,
-context parallel, expert parallel), torchtitan style.
+loading and saving is a rename of the expert tensors only (``hf_io``). Parallelism is not
+built in: functions in ``parallelize`` wrap the finished model (FSDP2 meshes, context
+parallel, expert parallel), torchtitan style.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from training.attention import MLAttention, RMSNorm
-from training.model_config import ModelConfig
-from training.moe import DenseMLP, MoE
+from training.models.deepseek_v3.attention import MLAttention, RMSNorm
+from training.models.deepseek_v3.config import ModelConfig
+from training.models.deepseek_v3.moe import DenseMLP, MoE
 
 
 class DecoderLayer(nn.Module):
@@ -83,7 +83,7 @@ class DeepseekV3Model(nn.Module):
     @classmethod
     def from_pretrained(cls, path: Path, device: str | torch.device = "cpu") -> DeepseekV3Model:
         """Build the model from an HF checkpoint directory (config.json + safetensors)."""
-        from training.hf_io import load_hf_state_dict
+        from training.models.deepseek_v3.hf_io import load_hf_state_dict
 
         config = ModelConfig.from_pretrained(path)
         with torch.device(device):
@@ -93,6 +93,6 @@ class DeepseekV3Model(nn.Module):
 
     def save_pretrained(self, path: Path) -> None:
         """Write config.json and per-expert safetensors that transformers and vLLM load."""
-        from training.hf_io import save_hf_checkpoint
+        from training.models.deepseek_v3.hf_io import save_hf_checkpoint
 
         save_hf_checkpoint(self.state_dict(), self.config, Path(path))

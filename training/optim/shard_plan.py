@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from training.matrix_layout import MatrixLayout
-from training.newton_schulz import flops
+from training.optim.matrix_layout import MatrixLayout
+from training.optim.newton_schulz import flops
 
 
 @dataclass

@@ -1,0 +1,1 @@
+"""Model definitions, one folder per architecture (only DeepSeek-V3 today)."""

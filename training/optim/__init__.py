@@ -1,0 +1,5 @@
+"""Muon (per attention head, per expert), plain and sharded over FSDP2's dim-0 shards.
+
+Dependencies run one way: ``config`` <- ``newton_schulz``, ``matrix_layout`` <-
+``shard_plan`` <- ``sharded_muon`` <- ``muon``. Nothing here imports the model.
+"""
