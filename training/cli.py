@@ -81,13 +81,12 @@ def _trainer_config(
 ) -> TrainerConfig:
     """The flags' config, sized to the launch; unset paths and ports fall back to env."""
     config: TrainerConfig = build_config(TrainerConfig, TRAINER_OPTIONS, values)
+    metrics_port = config.metrics_port
     return dataclasses.replace(
         config,
         parallel=dataclasses.replace(config.parallel, world_size=launch.world_size),
         checkpoint_dir=config.checkpoint_dir or settings.train_checkpoint_dir,
-        metrics_port=(
-            config.metrics_port if config.metrics_port is not None else settings.trainer_metrics_port
-        ),
+        metrics_port=settings.trainer_metrics_port if metrics_port is None else metrics_port,
     )
 
 

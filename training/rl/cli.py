@@ -26,8 +26,7 @@ def rl(
     feedback: bool = typer.Option(True, help="Targeted text feedback (hint KL)."),
     feedback_config: Path | None = typer.Option(
         None,
-        help="Triggers, hints and hint-KL coefficient as YAML "
-        "(default: training/feedback.yaml).",
+        help="Triggers, hints and hint-KL coefficient as YAML (default: training/feedback.yaml).",
     ),
     model: Path | None = typer.Option(None, help="HF checkpoint to start from (default: tiny)."),
     workers: int = typer.Option(1, help="Rollout worker processes."),
