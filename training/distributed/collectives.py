@@ -1,7 +1,8 @@
 """Differentiable collectives that work on both gloo (CPU) and NCCL.
 
 ``torch.distributed.nn`` routes some backward passes through the list ``all_to_all``,
-which gloo lacks (DESIGN.md), so the two collectives the model needs are written here on
+which gloo lacks (torch 2.13: ``all_to_all_single`` works on gloo, the list form does
+not), so the two collectives the model needs are written here on
 top of ``all_gather`` and ``all_to_all_single`` only.
 """
 
