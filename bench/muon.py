@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +21,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import Tensor, nn
 
+from serving.process import free_port
 from training.models.deepseek_v3.config import ModelConfig
 from training.models.deepseek_v3.model import DeepseekV3Model
 from training.optim.config import MuonConfig, NewtonSchulzConfig
@@ -193,9 +193,7 @@ def part_b(worlds: list[int], scale: int, repeats: int) -> None:
     ctx: Any = mp.get_context("spawn" if torch.cuda.is_available() else "fork")
     for world in worlds:
         queue = ctx.Queue()
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
+        port = free_port()
         procs = [ctx.Process(target=_b_worker, args=(r, world, port, scale, repeats, queue))
                  for r in range(world)]  # fmt: skip
         for p in procs:

@@ -23,7 +23,7 @@ import uuid
 from contextlib import ExitStack
 from pathlib import Path
 
-from training.rl.stack import start_valkey
+from serving.valkey import running_valkey
 
 
 def _reset_engine(url: str, model: Path, redis_url: str) -> None:
@@ -120,7 +120,7 @@ def main() -> None:
     window = max(1, args.steps // 4)
     summaries: dict[str, list[dict[str, float]]] = {name: [] for name in names}
     with ExitStack() as stack:
-        args.redis_url = start_valkey(stack) if args.engine_url else ""
+        args.redis_url = stack.enter_context(running_valkey()) if args.engine_url else ""
         for seed in seeds:
             arms = {name: _arm(args, seed, name == "feedback") for name in names}
             print(f"\nseed {seed}")

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from serving import build_tiny_checkpoint
+from serving.tiny import build_tiny_checkpoint
 from training.feedback import Encode, TextFeedbackConfig, hinted_prompt, load_feedback_config
 from training.models.deepseek_v3.model import DeepseekV3Model
 from training.rollouts.environments import (

@@ -1,33 +1,16 @@
 """Billing: price book, admission and metering, usage ledger, Stripe.
 
-Public API for the other packages (``billing.meter`` and ``billing.pricing`` may also be
-imported directly, as DESIGN.md says):
+The gateway's contracts with billing are two leaf modules: ``billing.meter`` (admission
+and settlement, on the request path) and ``billing.reporting`` (an org's usage, for
+``GET /v1/usage``). Built from ``BillingSettings`` (env prefix ``CSTACK_``):
 
-- ``create_meter(settings=None, *, redis_url=None)``: the real ``Meter`` for the gateway;
-- ``webhook_router``: FastAPI router serving ``POST /v1/billing/stripe/webhook``;
-- ``BillingSettings``: the package's settings (env prefix ``CSTACK_``).
+- ``create_meter(settings=None, *, redis_url=None)``: the real ``Meter``;
+- ``create_usage_reader(settings=None)``: the real ``UsageReader`` (the SQL ledger).
 
-FastAPI, SQLAlchemy and Stripe load lazily so that importing the contract stays cheap.
+The Stripe webhook is ``billing.http.router``, a FastAPI router the gateway app includes.
 """
 
-from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
-
-from billing.meter import create_meter
+from billing.factory import create_meter, create_usage_reader
 from billing.settings import BillingSettings
 
-if TYPE_CHECKING:
-    from fastapi import APIRouter
-
-    webhook_router: APIRouter
-
-__all__ = ["BillingSettings", "create_meter", "webhook_router"]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "webhook_router":
-        from billing.http import router
-
-        return router
-    raise AttributeError(f"module 'billing' has no attribute {name!r}")
+__all__ = ["BillingSettings", "create_meter", "create_usage_reader"]

@@ -11,8 +11,9 @@ from fractions import Fraction
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from billing.meter import Admission, Outcome, Tier, UsageReport
+from billing.meter import Admission, Outcome, UsageReport
 from billing.pricing import PriceBook, charge
+from serving.tiers import Tier
 
 EVENT_SCHEMA_VERSION = 1
 

@@ -1,21 +1,21 @@
-"""The gateway's two billing hooks: admission before forwarding, usage after the end.
+"""Billing's request-path contract with the gateway: admission before forwarding, usage after.
 
-This module is the contract between ``gateway`` and ``billing``: the gateway builds an
-``AdmissionRequest`` per request, calls ``Meter.admit`` before forwarding (which may
-raise ``AdmissionRefused``), and calls ``Meter.settle`` exactly once when the response
-has ended, however it ended. Money never crosses this boundary as a float.
+The gateway builds an ``AdmissionRequest`` per request, calls ``Meter.admit`` before
+forwarding (which may raise ``AdmissionRefused``), and calls ``Meter.settle`` exactly once
+when the response has ended, however it ended. Money never crosses this boundary as a
+float. Reading usage back is a separate contract (``billing.reporting``), so nothing on the
+request path touches the SQL ledger. This module imports nothing from billing (the real
+meter comes from ``billing.create_meter``), so both sides depend on it without a cycle.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import date, datetime
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from datetime import datetime
+from typing import Literal, Protocol
 
-if TYPE_CHECKING:
-    from billing.settings import BillingSettings
+from serving.tiers import Tier
 
-Tier = Literal["standard", "fast"]
 Outcome = Literal["complete", "client_disconnect", "upstream_error"]
 
 
@@ -88,10 +88,6 @@ class Meter(Protocol):
 
     async def settle(self, admission: Admission, usage: UsageReport) -> None: ...
 
-    async def usage_summary(
-        self, org_id: str, start: date | None = None, end: date | None = None
-    ) -> dict[str, Any]: ...
-
     async def aclose(self) -> None: ...
 
 
@@ -104,25 +100,5 @@ class UnmeteredMeter:
     async def settle(self, admission: Admission, usage: UsageReport) -> None:
         return None
 
-    async def usage_summary(
-        self, org_id: str, start: date | None = None, end: date | None = None
-    ) -> dict[str, Any]:
-        return {"object": "usage", "org_id": org_id, "data": [], "metered": False}
-
     async def aclose(self) -> None:
         return None
-
-
-def create_meter(settings: BillingSettings | None = None, *, redis_url: str | None = None) -> Meter:
-    """The real Meter (Redis admission, usage stream, disk spool, SQL ledger queries).
-
-    ``settings`` defaults to ``BillingSettings()`` (env prefix ``CSTACK_``); ``redis_url``
-    overrides its Redis URL, so a caller holding only a URL needs nothing else.
-    """
-    from billing.redis_meter import RedisMeter
-    from billing.settings import BillingSettings as _BillingSettings
-
-    resolved = settings or _BillingSettings()
-    if redis_url is not None:
-        resolved = resolved.model_copy(update={"redis_url": redis_url})
-    return RedisMeter(resolved)

@@ -13,14 +13,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 import yaml
 
-from billing.meter import Tier
 from billing.money import usd_to_nano
+from serving.tiers import TIERS, Tier
 
-TIERS: tuple[Tier, ...] = ("standard", "fast")
 TOKENS_PER_MILLION = 1_000_000
 Direction = Literal["input", "output"]
 
@@ -78,7 +77,6 @@ class Promotion:
 
 @dataclass(frozen=True)
 class PriceBook:
-    default_tier: Tier
     versions: tuple[PriceVersion, ...]
     plans: dict[str, Plan]
     promotions: tuple[Promotion, ...]
@@ -234,9 +232,6 @@ def parse_pricebook(data: dict[str, Any]) -> PriceBook:
         raise PriceBookError("versions must be in increasing effective_from order")
     if len({v.version for v in versions}) != len(versions):
         raise PriceBookError("versions: version names must be unique")
-    default_tier = data.get("default_tier", "fast")
-    if default_tier not in TIERS:
-        raise PriceBookError(f"default_tier must be one of {list(TIERS)}")
     meters_raw = data.get("stripe_meters") or {}
     meters: dict[Tier, dict[Direction, str]] = {}
     for tier in TIERS:
@@ -245,7 +240,6 @@ def parse_pricebook(data: dict[str, Any]) -> PriceBook:
             raise PriceBookError(f"stripe_meters.{tier} needs input and output meter names")
         meters[tier] = {"input": str(entry["input"]), "output": str(entry["output"])}
     book = PriceBook(
-        default_tier=cast(Tier, default_tier),
         versions=versions,
         plans={str(n): _parse_plan(str(n), p) for n, p in (data.get("plans") or {}).items()},
         promotions=tuple(

@@ -12,10 +12,8 @@ from fractions import Fraction
 from functools import lru_cache
 from pathlib import Path
 
-from billing.meter import Tier
 from billing.money import format_nano_usd, usd_to_nano
 from billing.pricebook import (
-    TIERS,
     Plan,
     PriceBook,
     PriceBookError,
@@ -25,9 +23,9 @@ from billing.pricebook import (
     load_pricebook,
     parse_pricebook,
 )
+from serving.tiers import Tier
 
 __all__ = [
-    "TIERS",
     "Charge",
     "Plan",
     "PriceBook",
@@ -40,7 +38,6 @@ __all__ = [
     "load_pricebook",
     "parse_pricebook",
     "pricebook_from_path",
-    "tier_for_model",
     "usd_to_nano",
     "worst_case_charge",
 ]
@@ -133,20 +130,6 @@ def worst_case_charge(
         completion_tokens=max_output_tokens,
         at=at,
     )
-
-
-def tier_for_model(book: PriceBook, model: str, service_tier: str | None = None) -> Tier:
-    """The tier a public model id (plus the request's ``service_tier``) asks for.
-
-    ``composer-2.5-fast`` / ``composer-2.5-standard`` name their tier; plain
-    ``composer-2.5`` follows ``service_tier`` and otherwise the book's default (fast).
-    """
-    for tier in TIERS:
-        if model.endswith(f"-{tier}"):
-            return tier
-    if service_tier in TIERS:
-        return service_tier  # type: ignore[return-value]
-    return book.default_tier
 
 
 @lru_cache(maxsize=8)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from datetime import UTC, date, datetime
+from datetime import UTC, datetime
 from typing import Any, cast
 
 from redis import exceptions as redis_errors
@@ -22,9 +22,10 @@ from billing.events import usage_event
 from billing.headers import ratelimit_headers
 from billing.lua import ADMIT, SETTLE
 from billing.meter import Admission, AdmissionRefused, AdmissionRequest, UsageReport
-from billing.pricing import TIERS, PriceBook, PriceBookError, pricebook_from_path, worst_case_charge
+from billing.pricing import PriceBook, PriceBookError, pricebook_from_path, worst_case_charge
 from billing.settings import BillingSettings
 from billing.spool import UsageSpool
+from serving.tiers import TIERS
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +90,6 @@ class RedisMeter:
         self.spool = UsageSpool(settings.usage_spool_dir)
         self._replay_lock = asyncio.Lock()
         self._next_spool_scan = 0.0
-        self._ledger: Any = None
         self._publish_prices()
 
     def _publish_prices(self) -> None:
@@ -260,30 +260,9 @@ class RedisMeter:
                 logger.info("replayed %d spooled usage events", sent)
             return sent
 
-    # -- queries -------------------------------------------------------------------
-
-    async def usage_summary(
-        self, org_id: str, start: date | None = None, end: date | None = None
-    ) -> dict[str, Any]:
-        from billing.summary import usage_summary
-
-        if self._ledger is None:
-            self._ledger = await asyncio.to_thread(self._open_ledger)
-        return await asyncio.to_thread(usage_summary, self._ledger, org_id, start, end)
-
-    def _open_ledger(self) -> Any:
-        """The ledger engine, schema at head (a fresh deployment may not have run a worker)."""
-        from billing.ledger import make_engine, migrate
-
-        engine = make_engine(self.settings.ledger_url)
-        migrate(engine)
-        return engine
-
     async def aclose(self) -> None:
         try:
             await self.replay_spool()
         finally:
             # redis>=5 has aclose(); the bundled types-redis stubs predate it.
             await cast(Any, self.redis).aclose()
-            if self._ledger is not None:
-                self._ledger.dispose()

@@ -6,7 +6,9 @@ developer never keeps using half a platform without noticing.
 
 from __future__ import annotations
 
+import os
 import secrets
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -15,7 +17,11 @@ from typing import Any
 import httpx
 
 from deploy.settings import DeploySettings
-from serving import ManagedProcess, ServingSettings, build_tiny_checkpoint, engine_for_variant
+from serving.engine import engine_for_variant
+from serving.process import ManagedProcess, ServerStartError
+from serving.settings import ServingSettings
+from serving.tiny import build_tiny_checkpoint
+from serving.valkey import start_valkey
 
 DEV_ORG = "local"
 
@@ -72,6 +78,7 @@ class LocalStack:
         self._start_redis()
         self._start_vllm()
         env = self.child_env()
+        self._migrate_ledger(env)
         self._start(
             self._cstack("gateway", ["gateway", "--host", self.settings.host, "--port",
                                      str(self.settings.gateway_port)],
@@ -89,9 +96,7 @@ class LocalStack:
         if self.redis_url is not None:
             self.say("redis: external (CSTACK_REDIS_URL)")
             return
-        from deploy.valkey import start_embedded_valkey
-
-        self.valkey = start_embedded_valkey(self.state / "valkey")
+        self.valkey = start_valkey(self.state / "valkey")
         self.redis_url = str(self.valkey.connection_url)
         self.say(f"embedded valkey: {self.redis_url}")
 
@@ -117,6 +122,23 @@ class LocalStack:
         log = self.state / "logs" / f"{name.replace(' ', '-')}.log"
         command = [sys.executable, "-m", "deploy.cli", *args]
         return ManagedProcess(name, command, log, health_url=health_url, env=env)
+
+    def _migrate_ledger(self, env: dict[str, str]) -> None:
+        """The ledger's schema before the gateway starts: its GET /v1/usage only queries,
+        and the billing worker, which would migrate too, starts after it."""
+        log = self.state / "logs" / "billing-migrate.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("ab") as out:
+            done = subprocess.run(
+                [sys.executable, "-m", "deploy.cli", "billing", "migrate"],
+                env={**os.environ, **env},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                check=False,
+            )
+        if done.returncode != 0:
+            raise ServerStartError(f"cstack billing migrate failed (log: {log})")
 
     def _start(self, process: ManagedProcess, timeout_s: float) -> None:
         self.say(f"starting {process.name} (log: {process.log_path})")

@@ -23,13 +23,14 @@ def up(
     (CSTACK_REDIS_URL for an external Redis, CSTACK_MODEL_DIR for another checkpoint,
     CSTACK_GATEWAY_PORT, CSTACK_VLLM_PORT, CSTACK_STATE_DIR).
     """
-    from serving import ServerStartError, StopRequested, stop_signals_raise
+    from serving.process import ServerStartError, StopRequested, stop_signals_raise
+    from serving.tiers import TIERS
 
     stack = LocalStack(DeploySettings(), say=lambda line: typer.echo(line))
     try:
         with stop_signals_raise():
             stack.start()
-            for tier in ("fast", "standard"):
+            for tier in TIERS:
                 served, text = tier_completion(stack.base_url, stack.dev_key(), tier)
                 typer.echo(f"{tier} tier ok (served by {served}): {text!r}")
             typer.echo(f"ready: {stack.base_url}", color=False)

@@ -1,14 +1,18 @@
-"""``create_app(settings, meter)``: the gateway's FastAPI application.
+"""``create_app(settings, meter, usage)``: the gateway's FastAPI application.
 
 Only the routes listed here exist (no OpenAPI/docs pages, nothing proxied by prefix), so
 none of vLLM's own admin or development endpoints can be reached through the gateway.
-The app owns the meter it is given: it closes it on shutdown.
+Billing comes in through its two contracts: ``meter`` on the request path of the
+generation routes, ``usage`` for ``GET /v1/usage`` only. The app owns both: it closes them
+on shutdown.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
 from datetime import date
 
 from fastapi import FastAPI, Request
@@ -18,6 +22,7 @@ from redis.asyncio import Redis
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from billing.meter import Meter
+from billing.reporting import UsageReader, UsageUnavailable
 from gateway.admin import build_admin_router
 from gateway.auth import Authenticator
 from gateway.errors import (
@@ -33,13 +38,53 @@ from gateway.metrics import GatewayMetrics
 from gateway.middleware import RequestContextMiddleware
 from gateway.relay import Relay
 from gateway.settings import GatewaySettings
-from gateway.tiers import PUBLIC_MODELS, TIERS, TierRouter
+from gateway.tiers import TierRouter
 from gateway.upstream import Upstreams
+from serving.tiers import PUBLIC_MODELS, TIERS
+
+logger = logging.getLogger(__name__)
 
 MODELS_CREATED = 1_767_225_600  # 2026-01-01, the family's launch date
 
 
-def create_app(settings: GatewaySettings, meter: Meter) -> FastAPI:
+def create_app(settings: GatewaySettings, meter: Meter, usage: UsageReader) -> FastAPI:
+    parts = _build_parts(settings, meter)
+    app = FastAPI(
+        title="composer-stack gateway",
+        lifespan=_lifespan(parts, meter, usage),
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    app.state.settings = settings
+    app.state.metrics = parts.metrics
+    app.state.upstreams = parts.upstreams
+    app.state.key_store = parts.store
+    app.add_middleware(RequestContextMiddleware, metrics=parts.metrics)
+    app.add_exception_handler(GatewayError, gateway_error_handler)
+    app.add_exception_handler(StarletteHTTPException, http_exception_handler)
+    app.add_exception_handler(RequestValidationError, validation_error_handler)
+    _add_generation_routes(app, parts.generation)
+    # After the hot routes: Starlette tries routes in order.
+    app.include_router(build_admin_router(parts.store, parts.auth))
+    _add_account_routes(app, parts.auth, usage)
+    _add_operations_routes(app, parts.upstreams, parts.metrics)
+    return app
+
+
+@dataclass(frozen=True)
+class _Parts:
+    """The objects one gateway process shares between its routes."""
+
+    metrics: GatewayMetrics
+    redis: Redis
+    store: KeyStore
+    auth: Authenticator
+    upstreams: Upstreams
+    generation: GenerationHandler
+
+
+def _build_parts(settings: GatewaySettings, meter: Meter) -> _Parts:
     metrics = GatewayMetrics()
     redis = Redis.from_url(settings.redis_url)
     store = KeyStore(redis, settings.default_plan)
@@ -65,42 +110,29 @@ def create_app(settings: GatewaySettings, meter: Meter) -> FastAPI:
         meter,
         Relay(upstreams.pools, meter, metrics),
     )
-    models_body = {
-        "object": "list",
-        "data": [
-            {"id": model, "object": "model", "created": MODELS_CREATED, "owned_by": "composer"}
-            for model in PUBLIC_MODELS
-        ],
-    }
+    return _Parts(metrics, redis, store, auth, upstreams, generation)
 
+
+def _lifespan(
+    parts: _Parts, meter: Meter, usage: UsageReader
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await upstreams.start()
-        await auth.start()
+        await parts.upstreams.start()
+        await parts.auth.start()
         try:
             yield
         finally:
-            await auth.aclose()
-            await upstreams.aclose()
+            await parts.auth.aclose()
+            await parts.upstreams.aclose()
             await meter.aclose()
-            await redis.aclose()  # type: ignore[attr-defined]  # stubs predate aclose
+            await usage.aclose()
+            await parts.redis.aclose()  # type: ignore[attr-defined]  # stubs predate aclose
 
-    app = FastAPI(
-        title="composer-stack gateway",
-        lifespan=lifespan,
-        docs_url=None,
-        redoc_url=None,
-        openapi_url=None,
-    )
-    app.state.settings = settings
-    app.state.metrics = metrics
-    app.state.upstreams = upstreams
-    app.state.key_store = store
-    app.add_middleware(RequestContextMiddleware, metrics=metrics)
-    app.add_exception_handler(GatewayError, gateway_error_handler)
-    app.add_exception_handler(StarletteHTTPException, http_exception_handler)
-    app.add_exception_handler(RequestValidationError, validation_error_handler)
+    return lifespan
 
+
+def _add_generation_routes(app: FastAPI, generation: GenerationHandler) -> None:
     async def chat_completions(request: Request) -> Response:
         return await generation.handle(request, CHAT)
 
@@ -111,8 +143,17 @@ def create_app(settings: GatewaySettings, meter: Meter) -> FastAPI:
     # themselves, so FastAPI's per-request dependency solving would be pure overhead.
     app.add_route(CHAT.path, chat_completions, methods=["POST"])
     app.add_route(COMPLETIONS.path, completions, methods=["POST"])
-    # After the hot routes: Starlette tries routes in order.
-    app.include_router(build_admin_router(store, auth))
+
+
+def _add_account_routes(app: FastAPI, auth: Authenticator, usage: UsageReader) -> None:
+    """What a key may read about itself: the models it can call, its org's usage."""
+    models_body = {
+        "object": "list",
+        "data": [
+            {"id": model, "object": "model", "created": MODELS_CREATED, "owned_by": "composer"}
+            for model in PUBLIC_MODELS
+        ],
+    }
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> JSONResponse:
@@ -120,14 +161,27 @@ def create_app(settings: GatewaySettings, meter: Meter) -> FastAPI:
         return JSONResponse(models_body)
 
     @app.get("/v1/usage")
-    async def usage(request: Request) -> JSONResponse:
+    async def usage_summary(request: Request) -> JSONResponse:
         principal = await auth.authenticate(request.headers.get("authorization"))
         start = parse_date(request.query_params.get("start"), "start")
         end = parse_date(request.query_params.get("end"), "end")
         if start and end and start > end:
             raise bad_request("start: must not be after end", param="start")
-        return JSONResponse(await meter.usage_summary(principal.key.org_id, start, end))
+        try:
+            summary = await usage.usage_summary(principal.key.org_id, start, end)
+        except UsageUnavailable as exc:
+            # The reason is for operators (it names commands to run); clients get a retry.
+            logger.warning("GET /v1/usage unavailable: %s", exc)
+            raise GatewayError(
+                503,
+                "Usage data is temporarily unavailable; retry shortly.",
+                type="server_error",
+                code="usage_unavailable",
+            ) from None
+        return JSONResponse(summary)
 
+
+def _add_operations_routes(app: FastAPI, upstreams: Upstreams, metrics: GatewayMetrics) -> None:
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
@@ -144,8 +198,6 @@ def create_app(settings: GatewaySettings, meter: Meter) -> FastAPI:
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
-
-    return app
 
 
 def parse_date(value: str | None, param: str) -> date | None:

@@ -41,6 +41,7 @@ def gateway(
 
     import billing
     from billing.meter import Meter, UnmeteredMeter
+    from billing.reporting import UnmeteredUsageReader, UsageReader
     from gateway.app import create_app
 
     overrides = {
@@ -53,12 +54,16 @@ def gateway(
         "log_level": log_level,
     }
     settings = _settings(**{k: v for k, v in overrides.items() if v is not None})
-    meter: Meter = (
-        billing.create_meter(redis_url=settings.redis_url) if settings.billing else UnmeteredMeter()
-    )
-    app = create_app(settings, meter)
+    meter: Meter = UnmeteredMeter()
+    usage: UsageReader = UnmeteredUsageReader()
     if settings.billing:
-        app.include_router(billing.webhook_router)
+        meter = billing.create_meter(redis_url=settings.redis_url)
+        usage = billing.create_usage_reader()
+    app = create_app(settings, meter, usage)
+    if settings.billing:
+        from billing.http import router as stripe_webhook
+
+        app.include_router(stripe_webhook)
     # Everything allocated so far (modules, the app) lives as long as the process. Left
     # in the collector's care, every full collection walks it: 40-60 ms pauses measured
     # under load, which were the gateway's p99. Frozen, collections see request garbage only.

@@ -1,34 +1,26 @@
-"""Public model ids -> tier -> what the upstream vLLM is asked for.
+"""A request's public model and ``service_tier`` -> its tier -> what vLLM is asked for.
 
-``composer-2.5`` takes its tier from ``service_tier`` (default fast); the two suffixed ids
-fix the tier and ignore ``service_tier``. The tier decides the upstream pool, the output
-cap, and, when both tiers share one engine, vLLM's scheduling ``priority``.
+Which tier a request gets is ``serving.tiers``'s rule; here the tier decides the upstream
+pool, the output cap and, when both tiers share one engine, vLLM's scheduling
+``priority`` (from serving's ``shared`` variant).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from billing.meter import Tier
 from gateway.errors import GatewayError, bad_request
 from gateway.settings import GatewaySettings
-
-TIERS: tuple[Tier, ...] = ("fast", "standard")
-FAMILY_MODEL = "composer-2.5"
-PUBLIC_MODELS: dict[str, Tier | None] = {
-    FAMILY_MODEL: None,
-    "composer-2.5-fast": "fast",
-    "composer-2.5-standard": "standard",
-}
-#: OpenAI's own ``service_tier`` values map onto ours so unmodified clients work.
-SERVICE_TIERS: dict[str, Tier] = {
-    "auto": "fast",
-    "default": "fast",
-    "fast": "fast",
-    "priority": "fast",
-    "standard": "standard",
-    "flex": "standard",
-}
+from serving.settings import ServingSettings
+from serving.tiers import (
+    PUBLIC_MODELS,
+    TIERS,
+    Tier,
+    UnknownModel,
+    UnknownServiceTier,
+    resolve_tier,
+)
+from serving.variants import load_variants
 
 
 @dataclass(frozen=True)
@@ -59,8 +51,6 @@ class TierRouter:
 
     @classmethod
     def from_settings(cls, settings: GatewaySettings) -> TierRouter:
-        from serving import ServingSettings, load_variants
-
         book = load_variants(ServingSettings().variants_file)
         share = settings.send_tier_priority
         if share is None:
@@ -75,24 +65,10 @@ class TierRouter:
         )
 
     def resolve(self, model: str, service_tier: str | None) -> TierRoute:
-        if model not in PUBLIC_MODELS:
-            known = ", ".join(PUBLIC_MODELS)
-            raise GatewayError(
-                404,
-                f"The model {model!r} does not exist (available: {known})",
-                param="model",
-                code="model_not_found",
-            )
-        tier = PUBLIC_MODELS[model]
-        if tier is None:
-            if service_tier is None:
-                tier = "fast"
-            elif service_tier in SERVICE_TIERS:
-                tier = SERVICE_TIERS[service_tier]
-            else:
-                known = ", ".join(SERVICE_TIERS)
-                raise bad_request(
-                    f"service_tier: unknown tier {service_tier!r} (one of {known})",
-                    param="service_tier",
-                )
+        try:
+            tier = resolve_tier(model, service_tier)
+        except UnknownModel as exc:
+            raise GatewayError(404, str(exc), param="model", code="model_not_found") from None
+        except UnknownServiceTier as exc:
+            raise bad_request(str(exc), param="service_tier") from None
         return self._routes[(model, tier)]

@@ -1,8 +1,9 @@
-"""A child process that is started, health-checked and stopped as one group.
+"""Child processes: started, health-checked and stopped as one group; free ports for them.
 
 vLLM (and Celery) start processes of their own, so every child is put in a new process
 group: stopping it means signalling the whole group, the only way to leave no orphaned
-engine behind when the parent is asked to stop.
+engine behind when the parent is asked to stop. `cstack serve`, `cstack up` and `cstack rl`
+start their children here; the embedded Valkey they share is ``serving.valkey``.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
@@ -23,6 +25,14 @@ _CAUSE_PATTERNS = [
     re.compile(r"\b(?:\w+\.)*\w*(?:Error|Exception): .+"),
     re.compile(r"(?i)\berror\b[:\]].+"),
 ]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that nothing listens on now (the OS picks it; it stays free
+    only until someone binds it, so bind it soon)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
 
 
 class ServerStartError(RuntimeError):

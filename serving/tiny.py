@@ -3,7 +3,7 @@
 Everything is made here, from a seed: random weights through transformers' own
 ``DeepseekV3ForCausalLM`` and a byte-level BPE tokenizer trained with ``tokenizers`` on a
 fixed corpus. Nothing is downloaded. The sizes are the smallest that vLLM's CPU build
-accepts (DESIGN.md: head_dim 64 for attention, kv_lora_rank 512 + rope 64 for MLA).
+accepts: head_dim 64 for attention, kv_lora_rank 512 with a rope head dim of 64 for MLA.
 """
 
 from __future__ import annotations

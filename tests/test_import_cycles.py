@@ -120,6 +120,26 @@ def test_no_import_cycles() -> None:
     assert not cycles(graph), "\n".join(describe(c, graph) for c in cycles(graph))
 
 
+def test_no_imports_the_check_cannot_see() -> None:
+    """``importlib.import_module`` and a module ``__getattr__`` (PEP 562 lazy exports) hide
+    edges from the graph above; import the defining module instead."""
+    hidden = []
+    for module, path in project_modules().items():
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute | ast.Name) and "import_module" in (
+                getattr(node, "attr", None),
+                getattr(node, "id", None),
+            ):
+                hidden.append(f"{module}:{node.lineno} import_module")
+        hidden += [
+            f"{module}:{node.lineno} module __getattr__"
+            for node in tree.body
+            if isinstance(node, ast.FunctionDef) and node.name == "__getattr__"
+        ]
+    assert not hidden, hidden
+
+
 def test_the_check_sees_function_local_imports(tmp_path: Path) -> None:
     package = tmp_path / "billing"
     package.mkdir()

@@ -69,6 +69,14 @@ class CliOption:
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
 
+    @property
+    def declaration(self) -> str:
+        """The flag as Typer declares it: a switch that is on by default also gets its
+        ``--no-`` form, or it could not be turned off."""
+        if self.cli_type is bool and self.default is True:
+            return f"{self.flag}/--no-{self.flag[2:]}"
+        return self.flag
+
 
 def cli_options(config_type: type, path: tuple[str, ...] = ()) -> list[CliOption]:
     """Every field declared with :func:`option` in ``config_type`` and nested dataclasses."""
@@ -124,7 +132,7 @@ def typer_command(
     parameters = []
     for opt in options:
         help_text = opt.help + (f" One of: {', '.join(opt.choices)}." if opt.choices else "")
-        annotation = Annotated[opt.cli_type, typer.Option(opt.flag, help=help_text)]  # type: ignore[name-defined]
+        annotation = Annotated[opt.cli_type, typer.Option(opt.declaration, help=help_text)]  # type: ignore[name-defined]
         default = inspect.Parameter.empty if opt.default is _REQUIRED else opt.default
         parameters.append(
             inspect.Parameter(

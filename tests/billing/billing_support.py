@@ -17,17 +17,12 @@ from typing import Any
 
 import yaml
 
-from billing.meter import AdmissionRequest, Tier, UsageReport
+from billing.meter import AdmissionRequest, UsageReport
 from billing.settings import DEFAULT_PRICEBOOK_PATH
+from serving.tiers import Tier
 
 REPO = Path(__file__).resolve().parents[2]
 CSTACK = str(Path(sys.executable).with_name("cstack"))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def port_open(port: int) -> bool:

@@ -14,7 +14,6 @@ import pytest
 from billing_support import (
     Process,
     StripeStandIn,
-    free_port,
     port_open,
     settings_env,
     wait_for,
@@ -23,6 +22,7 @@ from billing_support import (
 from sqlalchemy import create_engine, text
 
 from billing.settings import BillingSettings
+from serving.process import free_port
 
 TEST_PLANS = {
     # A tiny budget, with limits loose enough that only money refuses requests.

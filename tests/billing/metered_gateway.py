@@ -1,9 +1,10 @@
-"""Run the real gateway app with the real billing Meter, configured from CSTACK_* env.
+"""Run the real gateway app with billing's real Meter and UsageReader, configured from
+CSTACK_* env.
 
     python metered_gateway.py
 
-(`cstack gateway` serves with billing switched off until the lead wires ``create_meter``
-in; this is the same app with ``billing.meter.create_meter()`` and the webhook router.)
+(The app `cstack gateway` builds with billing on, plus a stack dump on SIGUSR1 for a test
+that sees a hung shutdown.)
 """
 
 from __future__ import annotations
@@ -13,16 +14,17 @@ import signal
 
 import uvicorn
 
+from billing import create_meter, create_usage_reader
 from billing.http import router
-from billing.meter import create_meter
-from gateway import GatewaySettings, create_app
+from gateway.app import create_app
+from gateway.settings import GatewaySettings
 
 
 def main() -> None:
     # A test that sees a hung shutdown sends SIGUSR1 to get every thread's stack.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     settings = GatewaySettings()
-    app = create_app(settings, create_meter(redis_url=settings.redis_url))
+    app = create_app(settings, create_meter(redis_url=settings.redis_url), create_usage_reader())
     app.include_router(router)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
-from billing_support import free_port, port_open, settings_env, wait_for
+from billing_support import port_open, settings_env, wait_for
 from redis.asyncio import Redis
 
 from billing.consumer import UsageStreamConsumer
@@ -24,7 +24,8 @@ from billing.ledger import make_engine, migrate
 from billing.pricing import load_pricebook
 from billing.redis_meter import budget_prefix
 from billing.settings import BillingSettings
-from gateway import KeyStore
+from gateway.keys import KeyStore
+from serving.process import free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="session")]
 MAX_TOKENS = 8

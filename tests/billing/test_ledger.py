@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 import redis
-from sqlalchemy import Engine, func, select, text
+from sqlalchemy import Engine, func, inspect, select, text
 from sqlalchemy.exc import DBAPIError
 from typer.testing import CliRunner
 
@@ -17,8 +17,9 @@ from billing.events import UsageEvent
 from billing.invoice import invoice_preview
 from billing.ledger import UsageRow, add_adjustment, insert_usage_events, make_engine, migrate
 from billing.pricing import load_pricebook
+from billing.reporting import UsageUnavailable
 from billing.settings import BillingSettings
-from billing.summary import usage_summary
+from billing.summary import LedgerUsageReader, usage_summary
 
 DAY_ONE = datetime(2026, 11, 3, 10, 0, tzinfo=UTC)
 DAY_TWO = datetime(2026, 11, 4, 23, 59, 59, tzinfo=UTC)
@@ -121,6 +122,23 @@ def test_summary_by_day_and_tier_with_adjustments(ledger: Engine) -> None:
     assert totals["prompt_tokens"] == 3000
     assert totals["list_cost_nano_usd"] == 4_500_000 + 750_000 + 3_500_000
     assert totals["promotion_savings"] == "$0.002250000"
+
+
+async def test_usage_reader_reads_but_never_migrates(ledger_url: str) -> None:
+    reader = LedgerUsageReader(ledger_url)
+    try:
+        with pytest.raises(UsageUnavailable, match="cstack billing migrate"):
+            await reader.usage_summary("org-ledger")
+        engine = make_engine(ledger_url)
+        assert not inspect(engine).has_table(UsageRow.__tablename__)
+        migrate(engine)
+        with engine.begin() as connection:
+            insert_usage_events(connection, [event("e-read")])
+        engine.dispose()
+        summary = await reader.usage_summary("org-ledger", DAY_ONE.date(), DAY_ONE.date())
+        assert summary["totals"]["requests"] == 1
+    finally:
+        await reader.aclose()
 
 
 def test_invoice_preview_rounds_each_line_once(

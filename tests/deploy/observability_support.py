@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import socket
 import threading
 import time
 import uuid
@@ -24,7 +23,10 @@ import yaml
 from redis.asyncio import Redis
 
 from billing.meter import Meter
-from gateway import GatewaySettings, KeyStore, create_app
+from billing.reporting import UsageReader
+from gateway.app import create_app
+from gateway.keys import KeyStore
+from gateway.settings import GatewaySettings
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((REPO / "deploy" / "grafana").glob("*.json"))
@@ -41,12 +43,6 @@ GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$tier": ".*"}
 ALERT_FORM = re.compile(
     r"^(?P<signal>.+?)\s*(?:>=|<=|==|!=|>|<)\s*(?P<threshold>[0-9.e+-]+)$", re.S
 )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_until(predicate: Any, timeout_s: float, what: str) -> None:
@@ -82,9 +78,9 @@ def alert_expressions() -> Iterator[tuple[str, str, str]]:
 class ThreadedGateway:
     """The gateway app served by uvicorn on a free port in a background thread."""
 
-    def __init__(self, settings: GatewaySettings, meter: Meter) -> None:
+    def __init__(self, settings: GatewaySettings, meter: Meter, usage: UsageReader) -> None:
         config = uvicorn.Config(
-            create_app(settings, meter),
+            create_app(settings, meter, usage),
             host="127.0.0.1",
             port=settings.port,
             log_level="warning",

@@ -60,7 +60,7 @@ def test_vllm_image_ships_the_weight_sync_extension_and_nothing_it_needs_besides
 ) -> None:
     """The files the vLLM image copies import on their own (lazy package exports), and
     they hold the extension class the variants file's weight_sync section names."""
-    from serving import load_variants
+    from serving.variants import load_variants
 
     copies = [arg.split() for op, arg in instructions("vllm") if op == "COPY"]
     for source, target in copies:

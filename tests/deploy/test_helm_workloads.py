@@ -25,8 +25,10 @@ from chart_support import (
 from pydantic_settings import BaseSettings
 
 from billing.settings import BillingSettings
-from gateway import GatewaySettings
-from serving import TIERS, VllmServer, load_variants
+from gateway.settings import GatewaySettings
+from serving.launcher import VllmServer
+from serving.tiers import TIERS
+from serving.variants import load_variants
 from training.settings import TrainingSettings
 
 

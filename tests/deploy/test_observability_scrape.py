@@ -42,17 +42,15 @@ from observability_support import (
     alert_expressions,
     billing_env,
     dashboard_expressions,
-    free_port,
     prometheus_config,
     send_traffic,
     wait_until,
 )
 from sqlalchemy import create_engine, text
 
-from billing.meter import create_meter
-from billing.settings import BillingSettings
-from gateway import GatewaySettings
-from serving import ManagedProcess
+from billing import BillingSettings, create_meter, create_usage_reader
+from gateway.settings import GatewaySettings
+from serving.process import ManagedProcess, free_port
 
 pytestmark = pytest.mark.vllm
 
@@ -143,6 +141,7 @@ def observed(
                 health_interval_s=0.5,
             ),
             create_meter(billing),
+            create_usage_reader(billing),
         ).start()
         trainer.wait_healthy(timeout_s=120)
 

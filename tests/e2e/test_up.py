@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.conftest import cstack_command, free_port
+from serving.process import free_port
+from tests.conftest import cstack_command
 
 pytestmark = pytest.mark.vllm
 

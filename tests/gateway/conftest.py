@@ -7,10 +7,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from gateway_support import ADMIN_TOKEN, Forwarder, GatewayServer, create_key, free_port
+from gateway_support import ADMIN_TOKEN, Forwarder, GatewayServer, create_key
 
 from billing.meter import Meter, UnmeteredMeter
-from gateway import GatewaySettings
+from billing.reporting import UnmeteredUsageReader, UsageReader
+from gateway.settings import GatewaySettings
+from serving.process import free_port
 
 
 @pytest.fixture(scope="session")
@@ -18,7 +20,9 @@ def start_gateway(redis_url: str) -> Iterator[Callable[..., GatewayServer]]:
     """Start a gateway with settings overrides; all are stopped at the end of the session."""
     servers: list[GatewayServer] = []
 
-    def start(meter: Meter | None = None, **overrides: Any) -> GatewayServer:
+    def start(
+        meter: Meter | None = None, usage: UsageReader | None = None, **overrides: Any
+    ) -> GatewayServer:
         values: dict[str, Any] = {
             "port": free_port(),
             "redis_url": redis_url,
@@ -26,7 +30,9 @@ def start_gateway(redis_url: str) -> Iterator[Callable[..., GatewayServer]]:
             "health_interval_s": 0.5,
             **overrides,
         }
-        server = GatewayServer(GatewaySettings(**values), meter or UnmeteredMeter()).start()
+        server = GatewayServer(
+            GatewaySettings(**values), meter or UnmeteredMeter(), usage or UnmeteredUsageReader()
+        ).start()
         servers.append(server)
         return server
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import sys
 import threading
@@ -23,24 +22,22 @@ from billing.meter import (
     UnmeteredMeter,
     UsageReport,
 )
-from gateway import GatewaySettings, KeyStore, create_app
+from billing.reporting import UsageReader
+from gateway.app import create_app
+from gateway.keys import KeyStore
+from gateway.settings import GatewaySettings
+from serving.process import free_port
 
 ADMIN_TOKEN = "test-admin-token"
 FORWARDER = Path(__file__).with_name("forwarder.py")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class GatewayServer:
     """A gateway app served by uvicorn on a free port in a background thread."""
 
-    def __init__(self, settings: GatewaySettings, meter: Meter) -> None:
+    def __init__(self, settings: GatewaySettings, meter: Meter, usage: UsageReader) -> None:
         self.settings = settings
-        self.app = create_app(settings, meter)
+        self.app = create_app(settings, meter, usage)
         config = uvicorn.Config(
             self.app,
             host="127.0.0.1",

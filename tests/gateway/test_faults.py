@@ -19,7 +19,8 @@ import pytest
 from gateway_support import Forwarder, GatewayServer, RecordingMeter, metric_value
 from openai.types.chat import ChatCompletionChunk
 
-from tests.conftest import cstack_command, free_port
+from serving.process import free_port
+from tests.conftest import cstack_command
 
 pytestmark = pytest.mark.vllm
 

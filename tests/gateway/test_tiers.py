@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from gateway import GatewaySettings
 from gateway.errors import GatewayError
+from gateway.settings import GatewaySettings
 from gateway.tiers import TierRouter
-from serving import ServingSettings, load_variants
+from serving.settings import ServingSettings
+from serving.variants import load_variants
 
 
 def test_shared_engine_gets_serving_priorities_separate_pools_none() -> None:

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from serving import ManagedProcess, ServerStartError
+from serving.process import ManagedProcess, ServerStartError
 
 SUPERVISOR = """
 import sys
-from serving import ManagedProcess, StopRequested, stop_signals_raise
+from serving.process import ManagedProcess, StopRequested, stop_signals_raise
 child = ManagedProcess("sleeper", ["sleep", "600"], sys.argv[1])
 try:
     with stop_signals_raise():

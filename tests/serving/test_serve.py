@@ -12,7 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import cstack_command, free_port
+from serving.process import free_port
+from tests.conftest import cstack_command
 
 pytestmark = pytest.mark.vllm
 

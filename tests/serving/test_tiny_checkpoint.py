@@ -6,7 +6,7 @@ import hashlib
 import subprocess
 from pathlib import Path
 
-from serving import build_tiny_checkpoint
+from serving.tiny import build_tiny_checkpoint
 from tests.conftest import cstack_command
 
 
@@ -38,7 +38,7 @@ def test_is_deepseek_v3_with_noaux_tc_bias(tiny_model: Path) -> None:
     config = json.loads((tiny_model / "config.json").read_text())
     assert config["architectures"] == ["DeepseekV3ForCausalLM"]
     assert config["topk_method"] == "noaux_tc"
-    # vLLM's CPU MLA accepts kv_lora_rank 512 with rope 64 (DESIGN.md).
+    # The smallest MLA sizes vLLM's CPU build accepts: kv_lora_rank 512 with rope 64.
     assert (config["kv_lora_rank"], config["qk_rope_head_dim"]) == (512, 64)
     with safe_open(tiny_model / "model.safetensors", "pt") as f:
         keys = set(f.keys())

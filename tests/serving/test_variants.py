@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from serving import ServingSettings, VariantError, load_variants
-from serving.variants import engine_args_to_cli
+from serving.settings import ServingSettings
+from serving.variants import VariantError, engine_args_to_cli, load_variants
 from tests.conftest import cstack_command
 
 
@@ -81,7 +81,7 @@ def test_serve_print_args_and_bad_variant(tiny_model: Path) -> None:
 
 
 def test_weight_sync_adds_dev_endpoints_and_the_reload_extension(tiny_model: Path) -> None:
-    from serving import engine_for_variant
+    from serving.engine import engine_for_variant
 
     plain = engine_for_variant("shared", tiny_model, 8100)
     synced = engine_for_variant("shared", tiny_model, 8100, weight_sync=True)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import gc
 import os
-import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -11,11 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from serving.process import free_port
 
 
 def _entry(
@@ -34,6 +30,10 @@ def _entry(
 
 def run_ranks(fn: Callable[..., None], world: int, *args: Any) -> None:
     """Run ``fn(rank, world, *args)`` on ``world`` processes; any rank's error fails."""
+    # A process group an earlier in-process test dropped may still await collection: freed
+    # in a forked child, its destructor joins a gloo thread the child does not have, and
+    # the rank hangs. Collect it here, where its threads exist.
+    gc.collect()
     mp.start_processes(
-        _entry, args=(fn, world, _free_port(), args), nprocs=world, start_method="fork"
+        _entry, args=(fn, world, free_port(), args), nprocs=world, start_method="fork"
     )

@@ -3,7 +3,6 @@ serves the trainer metrics."""
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import httpx
@@ -11,6 +10,7 @@ import pytest
 import torch
 from spawn import run_ranks
 
+from serving.process import free_port
 from training.config import TrainerConfig
 from training.distributed.config import ParallelConfig
 from training.models.deepseek_v3.config import ModelConfig
@@ -75,10 +75,7 @@ def _worker(rank: int, world: int, tmp: Path, metrics_port: int) -> None:
 def test_resume_gives_the_same_next_loss_and_export_loads(tmp_path: Path) -> None:
     from transformers import DeepseekV3ForCausalLM
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    run_ranks(_worker, 2, tmp_path, port)
+    run_ranks(_worker, 2, tmp_path, free_port())
     ids = torch.randint(0, SMALL.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))
     ours = DeepseekV3Model.from_pretrained(tmp_path / "hf").eval()
     hf = DeepseekV3ForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()

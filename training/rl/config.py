@@ -1,11 +1,19 @@
-"""GRPO hyper-parameters; text feedback and its hint-KL settings are ``training.feedback``."""
+"""GRPO hyper-parameters and `cstack rl`'s session config; text feedback and its hint-KL
+settings are ``training.feedback``.
+
+Nothing here imports torch: ``training.rl.cli`` builds `cstack rl`'s options from
+``SessionConfig`` when `cstack` starts.
+"""
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
-from training.feedback import TextFeedbackConfig
+from training.feedback import DEFAULT_FEEDBACK_FILE, TextFeedbackConfig
+from training.options import option
 
 Normalisation = Literal["token", "sequence"]
 
@@ -22,3 +30,53 @@ class GRPOConfig:
     std_eps: float = 1e-6
     max_staleness: int = 2
     feedback: TextFeedbackConfig = field(default_factory=TextFeedbackConfig)
+
+
+ENVIRONMENTS = ("digits", "toolchoice", "coding")
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """One local RL run (`cstack rl`): its options are the fields declared with help text."""
+
+    steps: int = option(20, "Optimizer steps (each pushes new weights to vLLM).")
+    environment: str = option(
+        "digits", "The rollout environment; digits and toolchoice are learnable on CPU.",
+        choices=ENVIRONMENTS,
+    )  # fmt: skip
+    task_ids: tuple[str, ...] = option(
+        (), "Task ids (coding: folders in the task dir).", flag="task"
+    )
+    task_dir: Path = option(
+        Path(".cstack/tasks"), "Where `cstack tasks build --out` wrote the coding tasks."
+    )
+    group_size: int = option(4, "Rollouts per task per GRPO group.")
+    groups_per_step: int = option(2, "Task groups per optimizer step.")
+    feedback: bool = option(True, "Targeted text feedback (hint KL).")
+    #: Triggers, hints and the hint-KL coefficient (YAML); None: training/feedback.yaml.
+    feedback_config: Path | None = option(
+        None, "Triggers, hints and hint-KL coefficient as YAML (default: training/feedback.yaml)."
+    )
+    model: Path | None = option(None, "HF checkpoint to start from (default: tiny).")
+    workers: int = option(1, "Rollout worker processes.")
+    max_tokens: int = option(32, "Max tokens per model turn.")
+    lr: float = option(0.02, "Muon learning rate (AdamW parts: lr / 10).")
+    seed: int = option(0, "Seed of the trainer, the tiny checkpoint and rollout sampling.")
+    metrics_port: int | None = option(
+        None, "Serve trainer and staleness metrics here; workers use the next ports."
+    )
+    redis_url: str = option("", "Use this Redis instead of starting Valkey.")
+    engine_urls: tuple[str, ...] = option(
+        (), "Use these running vLLM engines (dev mode) instead of one.", flag="engine_url"
+    )
+    policy_url: str = option(
+        "", "Rollouts call the policy here, e.g. the gateway's /v1 (key: CSTACK_RL_API_KEY)."
+    )
+    out: Path = option(Path(".cstack/rl"), "Weights, logs and the step report.")
+    #: Names this run's rollout queue and trajectory stream (not an option).
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+
+    @property
+    def feedback_file(self) -> Path:
+        """The feedback YAML this run loads."""
+        return self.feedback_config or DEFAULT_FEEDBACK_FILE

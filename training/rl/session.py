@@ -1,46 +1,40 @@
-"""Wire a local RL run: stack, trainer (world of one), consumer, gate, sync, display."""
+"""Wire a local RL run: stack, trainer (world of one), consumer, gate, sync, display.
+
+Imported by `cstack rl` only when the command runs (it imports torch).
+"""
 
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import redis
+import torch.distributed as dist
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from tokenizers import Tokenizer
 
-from training.feedback import DEFAULT_FEEDBACK_FILE, load_feedback_config
-from training.rl.config import GRPOConfig
+from serving.process import free_port
+from serving.tiny import build_tiny_checkpoint
+from serving.valkey import running_valkey
+from training.config import TrainerConfig
+from training.feedback import load_feedback_config
+from training.optim.config import MuonConfig
+from training.rl.config import GRPOConfig, SessionConfig
+from training.rl.consumer import TrajectoryConsumer
 from training.rl.loop import LoopConfig, RlLoop, StepReport
-
-
-@dataclass(frozen=True)
-class SessionConfig:
-    steps: int
-    environment: str
-    task_ids: tuple[str, ...]
-    group_size: int
-    groups_per_step: int
-    feedback: bool
-    model: Path | None
-    workers: int
-    max_tokens: int
-    lr: float
-    seed: int
-    out: Path
-    run_id: str
-    task_dir: Path
-    metrics_port: int | None = None
-    redis_url: str = ""
-    engine_urls: tuple[str, ...] = ()
-    policy_url: str = ""
-    #: Triggers, hints and the hint-KL coefficient (YAML; see training/feedback.yaml).
-    feedback_config: Path = DEFAULT_FEEDBACK_FILE
+from training.rl.stack import start_engine, start_workers
+from training.rl.trainer_hook import grpo_loss_hook
+from training.rollouts.gate import PolicyVersionGate, gate_prefix
+from training.rollouts.weight_sync import VllmWeightSync
+from training.rollouts.worker import TASK_NAME, make_celery
+from training.settings import TrainingSettings
+from training.trainer import Trainer
 
 
 def _default_tasks(environment: str) -> tuple[str, ...]:
@@ -48,110 +42,137 @@ def _default_tasks(environment: str) -> tuple[str, ...]:
     return tuple(f"{prefix}-{i}" for i in range(4))
 
 
-def _table(config: SessionConfig, history: list[StepReport], status: str) -> Table:
-    table = Table(title=f"cstack rl · {config.environment} · {status}")
-    for column in ("step", "version", "reward", "invalid tools", "staleness", "rollouts/s",
-                   "tokens/s", "loss", "dropped"):  # fmt: skip
-        table.add_column(column, justify="right")
-    for r in history[-15:]:
-        table.add_row(
-            str(r.step), str(r.policy_version), f"{r.mean_reward:.3f}",
-            f"{r.invalid_tool_rate:.3f}", f"{r.staleness:.2f}", f"{r.rollouts_per_s:.2f}",
-            f"{r.tokens_per_s:.1f}", f"{r.loss:.4f}", str(r.dropped_stale),
-        )  # fmt: skip
-    return table
+class _Display:
+    """The live table: the last 15 step reports under a title that says what is going on."""
+
+    def __init__(self, config: SessionConfig, stack: ExitStack) -> None:
+        self.config = config
+        self.history: list[StepReport] = []
+        # Piped output (logs, CI) gets a width that fits every column, not rich's 80.
+        console = Console() if sys.stdout.isatty() else Console(width=110)
+        self.live = stack.enter_context(
+            Live(self._table("starting"), console=console, refresh_per_second=2)
+        )
+
+    def show(self, status: str) -> None:
+        self.live.update(self._table(status))
+
+    def _table(self, status: str) -> Table:
+        table = Table(title=f"cstack rl · {self.config.environment} · {status}")
+        for column in ("step", "version", "reward", "invalid tools", "staleness",
+                       "rollouts/s", "tokens/s", "loss", "dropped"):  # fmt: skip
+            table.add_column(column, justify="right")
+        for r in self.history[-15:]:
+            table.add_row(
+                str(r.step), str(r.policy_version), f"{r.mean_reward:.3f}",
+                f"{r.invalid_tool_rate:.3f}", f"{r.staleness:.2f}", f"{r.rollouts_per_s:.2f}",
+                f"{r.tokens_per_s:.1f}", f"{r.loss:.4f}", str(r.dropped_stale),
+            )  # fmt: skip
+        return table
+
+
+@dataclass(frozen=True)
+class _Services:
+    """Where the session's Redis and engines are, started here or given by the config."""
+
+    redis_url: str
+    engine_urls: list[str]
+    policy_url: str
 
 
 class RlSession:
+    """Everything it starts is stopped when ``stack`` closes."""
+
     def __init__(self, config: SessionConfig, stack: ExitStack) -> None:
         self.config = config
         self.stack = stack
+        self.logs = config.out / "logs"
+        self.queue = f"rollouts-{config.run_id}"
+        self.stream = f"cstack:rl:{config.run_id}:trajectories"
 
     def run(self) -> Iterator[StepReport]:
-        import redis
-        import torch.distributed as dist
-        from tokenizers import Tokenizer
-
-        from serving import build_tiny_checkpoint
-        from training.config import TrainerConfig
-        from training.optim.config import MuonConfig
-        from training.rl.consumer import TrajectoryConsumer
-        from training.rl.stack import start_engine, start_valkey, start_workers
-        from training.rl.trainer_hook import grpo_loss_hook
-        from training.rollouts.gate import PolicyVersionGate, gate_prefix
-        from training.rollouts.weight_sync import VllmWeightSync
-        from training.rollouts.worker import TASK_NAME, make_celery
-        from training.settings import TrainingSettings
-        from training.trainer import Trainer
-
+        """Start what the config does not point at, then yield one report per step."""
         c = self.config
-        logs = c.out / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        status = ["starting"]
-        history: list[StepReport] = []
-        # Piped output (logs, CI) gets a width that fits every column, not rich's 80.
-        console = Console() if sys.stdout.isatty() else Console(width=110)
-        live = self.stack.enter_context(
-            Live(_table(c, history, "starting"), console=console, refresh_per_second=2)
-        )
-
-        def show(text: str) -> None:
-            status[0] = text
-            live.update(_table(c, history, text))
-
+        self.logs.mkdir(parents=True, exist_ok=True)
+        display = _Display(c, self.stack)
         model = c.model or build_tiny_checkpoint(c.out / "model", seed=c.seed)
+        services = self._start_services(model, display)
+        display.show("starting rollout workers")
+        self._start_workers(services)
+        grpo = self._grpo_config()
+        trainer = self._build_trainer(model, grpo)
+        loop = self._build_loop(trainer, model, services, grpo)
+        yield from self._iterate(loop, display)
+
+    def _start_services(self, model: Path, display: _Display) -> _Services:
+        """Valkey and one vLLM engine (dev mode, weight sync on) unless given URLs."""
+        c = self.config
         if c.redis_url:
             redis_url = c.redis_url
         else:
-            show("starting valkey")
-            redis_url = start_valkey(self.stack)
+            display.show("starting valkey")
+            redis_url = self.stack.enter_context(running_valkey())
         if c.engine_urls:
             engine_urls = list(c.engine_urls)
         else:
-            show("starting vLLM (dev mode, about 2 minutes on CPU)")
-            engine_urls = [start_engine(self.stack, model, logs, timeout_s=900)]
+            display.show("starting vLLM (dev mode, about 2 minutes on CPU)")
+            engine_urls = [start_engine(self.stack, model, self.logs, timeout_s=900)]
         policy_url = c.policy_url or f"{engine_urls[0]}/v1"
-        queue, stream = f"rollouts-{c.run_id}", f"cstack:rl:{c.run_id}:trajectories"
-        settings = TrainingSettings(redis_url=redis_url, rl_rollout_queue=queue,
-                                    rl_trajectory_stream=stream)  # fmt: skip
-        worker_env = {
-            "CSTACK_REDIS_URL": redis_url, "CSTACK_RL_POLICY_URL": policy_url,
-            "CSTACK_RL_ROLLOUT_QUEUE": queue, "CSTACK_RL_TRAJECTORY_STREAM": stream,
+        return _Services(redis_url, engine_urls, policy_url)
+
+    def _start_workers(self, services: _Services) -> None:
+        c = self.config
+        env = {
+            "CSTACK_REDIS_URL": services.redis_url, "CSTACK_RL_POLICY_URL": services.policy_url,
+            "CSTACK_RL_ROLLOUT_QUEUE": self.queue, "CSTACK_RL_TRAJECTORY_STREAM": self.stream,
             "CSTACK_RL_MAX_TOKENS": str(c.max_tokens), "OMP_NUM_THREADS": "1",
             "CSTACK_RL_TASK_DIR": str(c.task_dir),
-            "CSTACK_RL_FEEDBACK_CONFIG": str(c.feedback_config),
+            "CSTACK_RL_FEEDBACK_CONFIG": str(c.feedback_file),
             **({"CSTACK_RL_METRICS_PORT": str(c.metrics_port + 1)} if c.metrics_port else {}),
         }  # fmt: skip
-        show("starting rollout workers")
-        start_workers(self.stack, worker_env, c.workers, logs)
+        start_workers(self.stack, env, c.workers, self.logs)
 
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
+    def _grpo_config(self) -> GRPOConfig:
+        feedback = load_feedback_config(self.config.feedback_file)
+        return GRPOConfig(
+            group_size=self.config.group_size,
+            feedback=replace(feedback, enabled=self.config.feedback),
+        )
+
+    def _build_trainer(self, model: Path, grpo: GRPOConfig) -> Trainer:
+        """The trainer in a single-rank gloo process group, with the GRPO loss."""
+        c = self.config
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+        )
         self.stack.callback(dist.destroy_process_group)
-        feedback = load_feedback_config(c.feedback_config)
-        grpo = GRPOConfig(group_size=c.group_size,
-                          feedback=replace(feedback, enabled=c.feedback))  # fmt: skip
-        trainer = Trainer(
+        return Trainer(
             TrainerConfig(model_path=Path(model), seed=c.seed, batch_size=1, seq_len=1,
                           grad_clip=1.0, optimizer=MuonConfig(lr=c.lr, adamw_lr=c.lr / 10),
                           metrics_port=c.metrics_port),
             loss_fn=grpo_loss_hook(grpo),
         )  # fmt: skip
-        client = redis.Redis.from_url(redis_url)
-        gate = PolicyVersionGate(client, gate_prefix(stream))
+
+    def _build_loop(
+        self, trainer: Trainer, model: Path, services: _Services, grpo: GRPOConfig
+    ) -> RlLoop:
+        """The loop: rollouts submitted to the workers' queue, trajectories consumed from
+        the stream, weights pushed into the engines, the policy version gated."""
+        c = self.config
+        client = redis.Redis.from_url(services.redis_url)
+        gate = PolicyVersionGate(client, gate_prefix(self.stream))
         gate.set_version(0)
-        consumer = TrajectoryConsumer(client, stream, "trainer", "trainer-0", c.group_size,
+        consumer = TrajectoryConsumer(client, self.stream, "trainer", "trainer-0", c.group_size,
                                       grpo.max_staleness)  # fmt: skip
-        app = make_celery(settings)
+        app = make_celery(TrainingSettings(redis_url=services.redis_url,
+                                           rl_rollout_queue=self.queue,
+                                           rl_trajectory_stream=self.stream))  # fmt: skip
         tokenizer = Tokenizer.from_file(str(Path(model) / "tokenizer.json"))
-        pad_id = tokenizer.token_to_id("<|pad|>") or 0
-        loop = RlLoop(
-            trainer, consumer, gate, VllmWeightSync(engine_urls, gate),
+        return RlLoop(
+            trainer, consumer, gate, VllmWeightSync(services.engine_urls, gate),
             submit=lambda request: app.send_task(TASK_NAME, args=[request.model_dump()],
-                                                 queue=queue),
+                                                 queue=self.queue),
             config=LoopConfig(
                 environment=c.environment,
                 task_ids=c.task_ids or _default_tasks(c.environment),
@@ -159,12 +180,15 @@ class RlSession:
                 export_dir=c.out / "weights", grpo=grpo, sampling_seed=c.seed,
             ),
             encode=lambda text: tokenizer.encode(text, add_special_tokens=False).ids,
-            pad_id=pad_id,
+            pad_id=tokenizer.token_to_id("<|pad|>") or 0,
         )  # fmt: skip
-        for _ in range(c.steps):
-            show(f"training step {loop.step + 1}/{c.steps}")
+
+    def _iterate(self, loop: RlLoop, display: _Display) -> Iterator[StepReport]:
+        steps = self.config.steps
+        for _ in range(steps):
+            display.show(f"training step {loop.step + 1}/{steps}")
             report = loop.run_step()
-            history.append(report)
-            show(f"step {report.step}/{c.steps} done")
+            display.history.append(report)
+            display.show(f"step {report.step}/{steps} done")
             yield report
-        show("done")
+        display.show("done")

@@ -4,7 +4,6 @@ logprobs, so rollouts in production (CSTACK_RL_POLICY_URL = the gateway) keep th
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -14,25 +13,24 @@ import pytest
 import uvicorn
 from redis.asyncio import Redis
 
+from serving.process import free_port
+
 FIXTURE = Path(__file__).parents[1] / "tasks" / "fixture_repo"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture
 def gateway_url(redis_url: str, vllm_url: str) -> Iterator[str]:
     from billing.meter import UnmeteredMeter
-    from gateway import GatewaySettings, create_app
+    from billing.reporting import UnmeteredUsageReader
+    from gateway.app import create_app
+    from gateway.settings import GatewaySettings
 
-    settings = GatewaySettings(port=_free_port(), redis_url=redis_url, upstream_url=vllm_url,
+    settings = GatewaySettings(port=free_port(), redis_url=redis_url, upstream_url=vllm_url,
                                admin_token="rl-test-admin")  # fmt: skip
-    server = uvicorn.Server(uvicorn.Config(create_app(settings, UnmeteredMeter()),
-                                           host="127.0.0.1", port=settings.port,
-                                           log_level="warning"))  # fmt: skip
+    app = create_app(settings, UnmeteredMeter(), UnmeteredUsageReader())
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=settings.port, log_level="warning")
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

@@ -24,7 +24,8 @@ def _digests(vllm_url: str) -> dict[str, str]:
 def test_session_steps_push_weights_and_record_turn_versions(
     redis_url: str, vllm_url: str, tiny_model: Path, tmp_path: Path
 ) -> None:
-    from training.rl.session import RlSession, SessionConfig
+    from training.rl.config import SessionConfig
+    from training.rl.session import RlSession
     from training.rollouts.gate import PolicyVersionGate
     from training.rollouts.weight_sync import VllmWeightSync, WeightSyncError
 

@@ -16,7 +16,7 @@ import httpx
 import pytest
 import redis
 
-from tests.conftest import free_port
+from serving.process import free_port
 from training.rollouts.gate import PolicyVersionGate
 from training.rollouts.publish import TrajectoryPublisher
 from training.rollouts.request import RolloutRequest

@@ -1,0 +1,34 @@
+"""The two objects the gateway gets from billing, built from ``BillingSettings``.
+
+The implementations are imported when called: this module is re-exported by
+``billing/__init__``, which every import of a billing contract runs, and they bring Redis
+and SQLAlchemy with them.
+"""
+
+from __future__ import annotations
+
+from billing.meter import Meter
+from billing.reporting import UsageReader
+from billing.settings import BillingSettings
+
+
+def create_meter(settings: BillingSettings | None = None, *, redis_url: str | None = None) -> Meter:
+    """The real Meter (Redis admission and rate limits, usage stream, disk spool).
+
+    ``settings`` defaults to ``BillingSettings()`` (env prefix ``CSTACK_``); ``redis_url``
+    overrides its Redis URL, so a caller holding only a URL needs nothing else.
+    """
+    from billing.redis_meter import RedisMeter
+
+    resolved = settings or BillingSettings()
+    if redis_url is not None:
+        resolved = resolved.model_copy(update={"redis_url": redis_url})
+    return RedisMeter(resolved)
+
+
+def create_usage_reader(settings: BillingSettings | None = None) -> UsageReader:
+    """The real UsageReader: queries the SQL ledger at ``settings.ledger_url``, whose schema
+    `cstack billing migrate` (or the billing worker) has created."""
+    from billing.summary import LedgerUsageReader
+
+    return LedgerUsageReader((settings or BillingSettings()).ledger_url)

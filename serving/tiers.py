@@ -1,0 +1,68 @@
+"""The tiers composer-2.5 is sold in, its public model ids, and how a request picks a tier.
+
+Each tier is served by its own pool (the variant of the same name in
+``serving/variants.yaml``), routed by the gateway and priced by billing; all of them take
+the names from here. This module imports nothing, so billing's and the gateway's
+contracts can depend on it for free.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+Tier = Literal["fast", "standard"]
+#: Every tier, fast first: it is the default.
+TIERS: tuple[Tier, ...] = ("fast", "standard")
+DEFAULT_TIER: Tier = "fast"
+
+FAMILY_MODEL = "composer-2.5"
+#: Public model ids and the tier each one fixes; the family id (None) takes its tier from
+#: the request's ``service_tier``.
+PUBLIC_MODELS: dict[str, Tier | None] = {
+    FAMILY_MODEL: None,
+    "composer-2.5-fast": "fast",
+    "composer-2.5-standard": "standard",
+}
+#: OpenAI's own ``service_tier`` values map onto ours so unmodified clients work.
+SERVICE_TIERS: dict[str, Tier] = {
+    "auto": "fast",
+    "default": "fast",
+    "fast": "fast",
+    "priority": "fast",
+    "standard": "standard",
+    "flex": "standard",
+}
+
+
+class UnknownModel(ValueError):
+    """The request names a model that is not one of ``PUBLIC_MODELS``."""
+
+    def __init__(self, model: str) -> None:
+        known = ", ".join(PUBLIC_MODELS)
+        super().__init__(f"The model {model!r} does not exist (available: {known})")
+
+
+class UnknownServiceTier(ValueError):
+    """The family model was asked for with a ``service_tier`` not in ``SERVICE_TIERS``."""
+
+    def __init__(self, service_tier: str) -> None:
+        known = ", ".join(SERVICE_TIERS)
+        super().__init__(f"service_tier: unknown tier {service_tier!r} (one of {known})")
+
+
+def resolve_tier(model: str, service_tier: str | None) -> Tier:
+    """The tier that serves (and so bills) a request for ``model`` with ``service_tier``.
+
+    A suffixed model id fixes its tier and ignores ``service_tier``; the family id follows
+    ``service_tier`` and otherwise takes the default tier.
+    """
+    if model not in PUBLIC_MODELS:
+        raise UnknownModel(model)
+    tier = PUBLIC_MODELS[model]
+    if tier is not None:
+        return tier
+    if service_tier is None:
+        return DEFAULT_TIER
+    if service_tier not in SERVICE_TIERS:
+        raise UnknownServiceTier(service_tier)
+    return SERVICE_TIERS[service_tier]

@@ -1,0 +1,68 @@
+"""`cstack rl`'s flags land on SessionConfig's fields, and bad ones fail before anything
+starts (the session is replaced by a recorder: no Valkey, vLLM or trainer here)."""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from deploy.cli import app
+from training.feedback import DEFAULT_FEEDBACK_FILE
+from training.rl.config import SessionConfig
+
+
+@pytest.fixture
+def sessions(monkeypatch: pytest.MonkeyPatch) -> list[SessionConfig]:
+    started: list[SessionConfig] = []
+
+    class Recorder:
+        def __init__(self, config: SessionConfig, stack: object) -> None:
+            started.append(config)
+
+        def run(self) -> Iterator[object]:
+            return iter(())
+
+    module = types.ModuleType("training.rl.session")
+    module.RlSession = Recorder  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "training.rl.session", module)
+    return started
+
+
+def test_flags_fill_the_session_config(sessions: list[SessionConfig], tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, [
+        "rl", "--out", str(tmp_path), "--environment", "toolchoice", "--no-feedback",
+        "--task", "tools-1", "--task", "tools-2", "--engine-url", "http://a:1",
+        "--engine-url", "http://b:2", "--metrics-port", "9100", "--lr", "0.5",
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (config,) = sessions
+    assert config.environment == "toolchoice" and config.feedback is False
+    assert config.task_ids == ("tools-1", "tools-2")
+    assert config.engine_urls == ("http://a:1", "http://b:2")
+    assert (config.metrics_port, config.lr, config.steps, config.out) == (9100, 0.5, 20, tmp_path)
+    assert config.task_dir.is_absolute() and config.feedback_config == DEFAULT_FEEDBACK_FILE
+    assert len(config.run_id) == 8
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--environment", "chess"], "--environment must be one of digits, toolchoice, coding"),
+        (["--environment", "coding"], "coding needs --task ids"),
+        (["--environment", "coding", "--task", "nope"], "no task.json for 'nope'"),
+    ],
+)
+def test_bad_flags_fail_before_the_session(
+    sessions: list[SessionConfig], tmp_path: Path, args: list[str], message: str
+) -> None:
+    result = CliRunner().invoke(
+        app, ["rl", "--out", str(tmp_path), "--task-dir", str(tmp_path), *args]
+    )
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.replace("│", " ").split())
+    assert sessions == []
