@@ -20,9 +20,9 @@ if TYPE_CHECKING:
 billing_app = typer.Typer(help="Billing: invoices and the usage ledger.", no_args_is_help=True)
 
 
-def _fail(message: str) -> NoReturn:
+def _fail(message: str, code: int = 1) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code=1)
+    raise typer.Exit(code=code)
 
 
 @billing_app.command("invoice-preview")
@@ -53,6 +53,59 @@ def invoice_preview(
         # The driver's message may contain the URL (with a password): never print it.
         _fail(f"cannot read the ledger ({type(exc).__name__}); check CSTACK_LEDGER_URL")
     typer.echo(preview.render())
+
+
+@billing_app.command("reconcile")
+def reconcile(
+    org: str = typer.Option(..., "--org", help="The organization to check."),
+    period: str = typer.Option(..., "--period", help="Billing period as YYYY-MM."),
+) -> None:
+    """Compare what Stripe will invoice for ORG in PERIOD with the ledger, line by line.
+
+    Exits 0 when they agree to the cent, 1 when they differ, 2 when they cannot be
+    compared (bad period, unknown org, no Stripe customer, Stripe or the ledger unreachable).
+    """
+    from datetime import UTC, datetime
+
+    import stripe
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from billing.invoice import period_bounds
+    from billing.ledger import make_engine, migrate
+    from billing.pricing import PriceBookError, pricebook_from_path
+    from billing.reconcile import CannotReconcile
+    from billing.reconcile import reconcile as compare
+    from billing.settings import BillingSettings
+    from billing.stripe_api import stripe_client
+    from billing.stripe_sync import first_open_period
+
+    settings = BillingSettings()
+    try:
+        period_bounds(period)
+        book = pricebook_from_path(settings.pricebook_path)
+        client = stripe_client(settings)
+        engine = make_engine(settings.ledger_url)
+        migrate(engine)
+        result = compare(engine, book, client, org, period)
+    except (CannotReconcile, PriceBookError, ValueError, RuntimeError) as exc:
+        _fail(str(exc), code=2)
+    except SQLAlchemyError as exc:
+        # The driver's message may contain the URL (with a password): never print it.
+        _fail(f"cannot read the ledger ({type(exc).__name__}); check CSTACK_LEDGER_URL", code=2)
+    except stripe.StripeError as exc:
+        # Only the kind and status: Stripe's messages may quote request details.
+        status = f", HTTP {exc.http_status}" if exc.http_status else ""
+        _fail(f"cannot read Stripe ({type(exc).__name__}{status})", code=2)
+    typer.echo(result.render())
+    if not result.agree:
+        open_from = first_open_period(datetime.now(UTC), settings)
+        if open_from is not None and period >= open_from:
+            typer.echo(
+                f"note: {period} is posted to Stripe once it has been over for "
+                f"{settings.stripe_invoice_grace_s} s (CSTACK_STRIPE_INVOICE_GRACE_S)",
+                err=True,
+            )
+        raise typer.Exit(code=1)
 
 
 @billing_app.command("migrate")

@@ -3,7 +3,8 @@
 Usage lines show list price per tier and direction; the launch promotion and the included
 allowance appear as credits, and what is left is the overage due. Every line is computed
 in nano-USD and rounded once; the total is the sum of the rounded lines, as on a real
-invoice.
+invoice. Each line has a stable key (``fast.output.2026-11-01``, ``promotion``,
+``allowance``, ``adjustments``): Stripe's invoice items mirror the lines by that key.
 """
 
 from __future__ import annotations
@@ -11,15 +12,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Connection, Engine, func, select
 
 from billing.ledger import UsageAdjustment, UsageRow
 from billing.money import format_cents, round_to_cents
 from billing.pricebook import PriceBook, PriceBookError
 
+#: Keys of the lines that are not usage (usage lines are ``tier.direction.price_version``).
+PROMOTION_LINE = "promotion"
+ALLOWANCE_LINE = "allowance"
+ADJUSTMENTS_LINE = "adjustments"
+
 
 @dataclass(frozen=True)
 class InvoiceLine:
+    #: Stable across recomputations of the same period, whatever the amounts.
+    key: str
     description: str
     quantity: int | None
     amount_nano_usd: int
@@ -63,40 +71,47 @@ def period_bounds(period: str) -> tuple[datetime, datetime]:
 
 
 def invoice_preview(engine: Engine, book: PriceBook, org_id: str, period: str) -> InvoicePreview:
+    with engine.connect() as connection:
+        return read_invoice(connection, book, org_id, period)
+
+
+def read_invoice(
+    connection: Connection, book: PriceBook, org_id: str, period: str
+) -> InvoicePreview:
+    """The invoice as ``connection`` sees the ledger (Stripe sync plans inside its transaction)."""
     lower, upper = period_bounds(period)
     in_period = (
         UsageRow.org_id == org_id,
         UsageRow.started_at >= lower,
         UsageRow.started_at < upper,
     )
-    with engine.connect() as connection:
-        per_line = connection.execute(
-            select(
-                UsageRow.tier,
-                UsageRow.price_version,
-                func.sum(UsageRow.prompt_tokens - UsageRow.cached_tokens).label("uncached"),
-                func.sum(UsageRow.cached_tokens).label("cached"),
-                func.sum(UsageRow.completion_tokens).label("output"),
-                func.sum(UsageRow.list_cost_nano_usd).label("list_cost"),
-                func.sum(UsageRow.allowance_consumed_nano_usd).label("allowance"),
-            )
-            .where(*in_period)
-            .group_by(UsageRow.tier, UsageRow.price_version)
-            .order_by(UsageRow.tier, UsageRow.price_version)
-        ).all()
-        plan_name = connection.execute(
-            select(UsageRow.plan).where(*in_period).order_by(UsageRow.id.desc()).limit(1)
-        ).scalar_one_or_none()
-        adjustment = connection.execute(
-            select(
-                func.coalesce(func.sum(UsageAdjustment.list_cost_delta_nano_usd), 0),
-                func.coalesce(func.sum(UsageAdjustment.allowance_delta_nano_usd), 0),
-            ).where(
-                UsageAdjustment.org_id == org_id,
-                UsageAdjustment.effective_at >= lower,
-                UsageAdjustment.effective_at < upper,
-            )
-        ).one()
+    per_line = connection.execute(
+        select(
+            UsageRow.tier,
+            UsageRow.price_version,
+            func.sum(UsageRow.prompt_tokens - UsageRow.cached_tokens).label("uncached"),
+            func.sum(UsageRow.cached_tokens).label("cached"),
+            func.sum(UsageRow.completion_tokens).label("output"),
+            func.sum(UsageRow.list_cost_nano_usd).label("list_cost"),
+            func.sum(UsageRow.allowance_consumed_nano_usd).label("allowance"),
+        )
+        .where(*in_period)
+        .group_by(UsageRow.tier, UsageRow.price_version)
+        .order_by(UsageRow.tier, UsageRow.price_version)
+    ).all()
+    plan_name = connection.execute(
+        select(UsageRow.plan).where(*in_period).order_by(UsageRow.id.desc()).limit(1)
+    ).scalar_one_or_none()
+    adjustment = connection.execute(
+        select(
+            func.coalesce(func.sum(UsageAdjustment.list_cost_delta_nano_usd), 0),
+            func.coalesce(func.sum(UsageAdjustment.allowance_delta_nano_usd), 0),
+        ).where(
+            UsageAdjustment.org_id == org_id,
+            UsageAdjustment.effective_at >= lower,
+            UsageAdjustment.effective_at < upper,
+        )
+    ).one()
     preview = InvoicePreview(org_id=org_id, period=period, plan=plan_name)
     list_total = allowance_total = 0
     versions = {v.version: v for v in book.versions}
@@ -106,30 +121,39 @@ def invoice_preview(engine: Engine, book: PriceBook, org_id: str, period: str) -
         )
         if prices is None:
             raise PriceBookError(f"price version {row.price_version} is not in the price book")
-        for label, tokens, price in (
-            ("input tokens", int(row.uncached or 0), prices.input),
-            ("cached input tokens", int(row.cached or 0), prices.cached_input),
-            ("output tokens", int(row.output or 0), prices.output),
+        for direction, label, tokens, price in (
+            ("input", "input tokens", int(row.uncached or 0), prices.input),
+            ("cached_input", "cached input tokens", int(row.cached or 0), prices.cached_input),
+            ("output", "output tokens", int(row.output or 0), prices.output),
         ):
             if tokens:
                 per_million = _per_million(price)
                 preview.lines.append(
                     InvoiceLine(
-                        f"composer-2.5 {row.tier} {label} @ {per_million} (v{row.price_version})",
-                        tokens,
-                        tokens * price,
+                        key=f"{row.tier}.{direction}.{row.price_version}",
+                        description=(
+                            f"composer-2.5 {row.tier} {label} @ {per_million} "
+                            f"(v{row.price_version})"
+                        ),
+                        quantity=tokens,
+                        amount_nano_usd=tokens * price,
                     )
                 )
         list_total += int(row.list_cost or 0)
         allowance_total += int(row.allowance or 0)
     list_delta, allowance_delta = int(adjustment[0]), int(adjustment[1])
     if list_delta:
-        preview.lines.append(InvoiceLine("Adjustments", None, list_delta))
+        preview.lines.append(InvoiceLine(ADJUSTMENTS_LINE, "Adjustments", None, list_delta))
     list_total += list_delta
     allowance_total += allowance_delta
     if list_total != allowance_total:
         preview.lines.append(
-            InvoiceLine("Launch promotion (usage counts less)", None, allowance_total - list_total)
+            InvoiceLine(
+                PROMOTION_LINE,
+                "Launch promotion (usage counts less)",
+                None,
+                allowance_total - list_total,
+            )
         )
     if plan_name is not None:
         try:
@@ -137,7 +161,12 @@ def invoice_preview(engine: Engine, book: PriceBook, org_id: str, period: str) -
         except PriceBookError:
             included = 0
         preview.lines.append(
-            InvoiceLine(f"Included allowance ({plan_name})", None, -min(included, allowance_total))
+            InvoiceLine(
+                ALLOWANCE_LINE,
+                f"Included allowance ({plan_name})",
+                None,
+                -min(included, allowance_total),
+            )
         )
     return preview
 

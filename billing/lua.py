@@ -116,3 +116,18 @@ redis.call('EXPIRE', bkey, 70 * 86400)
 redis.call('XADD', KEYS[1], '*', 'event', ARGV[5])
 return 1
 """
+
+# Keys: the reservation sorted set of each reservation renewed (one key per entry).
+# Argv: 1 reservation ttl s, 2.. the request id of each entry, in the order of the keys.
+# XX: a reservation already released (settled, or expired while Redis was away) is not
+# brought back; its money is no longer held, so renewing it would hold nothing.
+RENEW = """
+local t = redis.call('TIME')
+local expiry = string.format('%d', tonumber(t[1]) * 1000000 + tonumber(t[2])
+  + tonumber(ARGV[1]) * 1000000)
+local renewed = 0
+for i, key in ipairs(KEYS) do
+  renewed = renewed + redis.call('ZADD', key, 'XX', 'CH', expiry, ARGV[i + 1])
+end
+return renewed
+"""

@@ -16,7 +16,9 @@ from typing import Literal, Protocol
 
 from serving.tiers import Tier
 
-Outcome = Literal["complete", "client_disconnect", "upstream_error"]
+#: ``max_duration``: the gateway ended the request at its maximum total duration (what was
+#: generated until then is billed).
+Outcome = Literal["complete", "client_disconnect", "upstream_error", "max_duration"]
 
 
 @dataclass(frozen=True)
@@ -29,11 +31,17 @@ class AdmissionRequest:
     tier: Tier
     #: Public model id as the client asked for it (``composer-2.5``, ``composer-2.5-fast``...).
     model: str
-    #: The gateway's count of prompt tokens (an upper-bound estimate is fine).
+    #: The gateway's count of prompt tokens over every prompt of the request (an upper-bound
+    #: estimate is fine; it must not be lower than what vLLM will count).
     prompt_tokens: int
-    #: The most output tokens the request may produce (after the tier's cap).
+    #: The most output tokens the whole request may produce: every prompt x every choice
+    #: (``n``) x ``max_tokens`` after the tier's and the model's caps.
     max_output_tokens: int
     customer_id: str | None = None
+    #: The longest the request may run before the gateway ends it (None: no limit). Billing
+    #: keeps the reservation alive while the request runs, but never past this (plus one
+    #: reservation TTL), so a request that is never settled cannot hold budget forever.
+    max_duration_s: float | None = None
 
 
 @dataclass
@@ -47,24 +55,31 @@ class Admission:
     reservation_id: str | None = None
 
 
-class AdmissionRefused(Exception):
-    """The request must not be forwarded; the gateway answers 429 with this body."""
+RefusalCode = Literal["rate_limit_exceeded", "insufficient_quota", "billing_unavailable"]
 
-    status_code = 429
+
+class AdmissionRefused(Exception):
+    """The request must not be forwarded; the gateway answers ``status_code`` with this body.
+
+    429 for limits and quota; 503 (``billing_unavailable``, with a retry-after) when
+    billing cannot account for the request, e.g. Redis is unreachable past the allowance.
+    """
 
     def __init__(
         self,
         message: str,
         *,
-        code: Literal["rate_limit_exceeded", "insufficient_quota"],
+        code: RefusalCode,
         retry_after_s: int | None = None,
         headers: dict[str, str] | None = None,
+        status_code: int = 429,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
         self.retry_after_s = retry_after_s
         self.headers = dict(headers or {})
+        self.status_code = status_code
 
 
 @dataclass(frozen=True)

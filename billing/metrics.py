@@ -34,9 +34,15 @@ usage_dead_letters = Gauge(
     "Usage events set aside as unwritable; `cstack billing dead-letters` lists and replays them.",
 )
 ledger_rows = Counter("cstack_ledger_rows_total", "Usage rows written to the ledger.")
-stripe_meter_events = Counter(
-    "cstack_stripe_meter_events_total", "Stripe meter events by result.", ["result"]
+stripe_invoice_items = Counter(
+    "cstack_stripe_invoice_items_total",
+    "Stripe invoice item requests by result (sent, failed).",
+    ["result"],
 )
+# Both results exist from the start, so rate() and the dashboards have series before the
+# first failure.
+for _result in ("sent", "failed"):
+    stripe_invoice_items.labels(_result)
 stripe_sync_failures = Counter(
     "cstack_stripe_sync_failures_total", "Stripe sync runs that hit an error."
 )

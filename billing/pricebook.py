@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 
@@ -21,7 +21,6 @@ from billing.money import usd_to_nano
 from serving.tiers import TIERS, Tier
 
 TOKENS_PER_MILLION = 1_000_000
-Direction = Literal["input", "output"]
 
 
 class PriceBookError(ValueError):
@@ -80,7 +79,6 @@ class PriceBook:
     versions: tuple[PriceVersion, ...]
     plans: dict[str, Plan]
     promotions: tuple[Promotion, ...]
-    stripe_meters: dict[Tier, dict[Direction, str]]
 
     def version_at(self, at: datetime) -> PriceVersion:
         """The price version in effect at ``at`` (the latest one that started)."""
@@ -232,20 +230,12 @@ def parse_pricebook(data: dict[str, Any]) -> PriceBook:
         raise PriceBookError("versions must be in increasing effective_from order")
     if len({v.version for v in versions}) != len(versions):
         raise PriceBookError("versions: version names must be unique")
-    meters_raw = data.get("stripe_meters") or {}
-    meters: dict[Tier, dict[Direction, str]] = {}
-    for tier in TIERS:
-        entry = meters_raw.get(tier) or {}
-        if not entry.get("input") or not entry.get("output"):
-            raise PriceBookError(f"stripe_meters.{tier} needs input and output meter names")
-        meters[tier] = {"input": str(entry["input"]), "output": str(entry["output"])}
     book = PriceBook(
         versions=versions,
         plans={str(n): _parse_plan(str(n), p) for n, p in (data.get("plans") or {}).items()},
         promotions=tuple(
             _parse_promotion(p, i) for i, p in enumerate(data.get("promotions") or [])
         ),
-        stripe_meters=meters,
     )
     if not book.plans:
         raise PriceBookError("plans: at least one plan is required")

@@ -2,8 +2,10 @@
 
 ``admit`` runs one Lua script (rate limits, suspension, cost reservation) and ``settle``
 another (release the reservation, count the actual cost, append the usage event), so both
-hooks cost one Redis round trip. When Redis is unreachable, settlement goes to the disk
-spool and admission fails open or closed as configured.
+hooks cost one Redis round trip. Reservations of requests in flight are renewed in the
+background, one call per process per third of their TTL (``billing.reservations``). When
+Redis is unreachable, settlement goes to the disk spool and admission refuses or admits
+on a bounded per-process allowance, as configured (``billing.outage``).
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from billing import metrics
 from billing.events import usage_event
 from billing.headers import ratelimit_headers
-from billing.lua import ADMIT, SETTLE
+from billing.lua import ADMIT, RENEW, SETTLE
 from billing.meter import Admission, AdmissionRefused, AdmissionRequest, UsageReport
+from billing.outage import LocalAllowance
 from billing.pricing import PriceBook, PriceBookError, pricebook_from_path, worst_case_charge
+from billing.reservations import ReservationKeeper
 from billing.settings import BillingSettings
 from billing.spool import UsageSpool
 from serving.tiers import TIERS
@@ -36,15 +40,26 @@ SPOOL_RESCAN_S = 10.0
 
 
 def _unreachable(exc: BaseException) -> bool:
-    """Redis refused or dropped the connection, as opposed to being slow or saturated.
+    """Redis refused, dropped or never completed the connection, as opposed to being slow
+    or saturated.
 
-    Only then may admission fail open: after a timeout the script may have run, and an
-    exhausted pool means load, not an outage.
+    Only then may the local allowance admit: after a read timeout the script may have
+    run, and an exhausted pool means load, not an outage. A connect timeout sent nothing.
     """
     if isinstance(exc, redis_errors.TimeoutError):
-        return False
+        return str(exc).startswith("Timeout connecting")
     # redis-py reports an exhausted BlockingConnectionPool as a ConnectionError too.
     return not str(exc).startswith("No connection available")
+
+
+def billing_unavailable() -> AdmissionRefused:
+    return AdmissionRefused(
+        "billing is temporarily unavailable; retry shortly",
+        code="billing_unavailable",
+        retry_after_s=1,
+        headers={"retry-after": "1"},
+        status_code=503,
+    )
 
 
 def budget_prefix(org_id: str) -> str:
@@ -87,6 +102,13 @@ class RedisMeter:
         )
         self._admit_script = self.redis.register_script(ADMIT)
         self._settle_script = self.redis.register_script(SETTLE)
+        renew_script = self.redis.register_script(RENEW)
+        self.reservations = ReservationKeeper(
+            lambda keys, args: renew_script(keys=keys, args=args), settings.reservation_ttl_s
+        )
+        self.local_allowance = LocalAllowance(
+            settings.redis_down_allowance_nano_usd, settings.redis_down_allowance_requests
+        )
         self.spool = UsageSpool(settings.usage_spool_dir)
         self._replay_lock = asyncio.Lock()
         self._next_spool_scan = 0.0
@@ -145,14 +167,8 @@ class RedisMeter:
                 ],
             )
         except REDIS_DOWN as exc:
-            if not (self.settings.admission_fail_open and _unreachable(exc)):
-                raise AdmissionRefused(
-                    "billing is temporarily unavailable; retry shortly",
-                    code="rate_limit_exceeded",
-                    retry_after_s=1,
-                ) from exc
-            logger.warning("admission without limits: Redis is unreachable (%s)", exc)
-            return Admission(request=request)
+            return self._admit_without_redis(request, worst.allowance_consumed_nano, exc)
+        self.local_allowance.redis_answered()
         status = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
         headers = ratelimit_headers(
             rpm=plan.rpm,
@@ -171,8 +187,9 @@ class RedisMeter:
             )
         if status == "too_large":
             raise AdmissionRefused(
-                f"this request needs up to {tokens} tokens (prompt plus max output), more "
-                f"than the key's limit of {plan.tpm} tokens per minute; lower max_tokens",
+                f"this request needs up to {tokens} tokens (its prompts plus max_tokens for "
+                f"every prompt and choice), more than the key's limit of {plan.tpm} tokens "
+                "per minute; lower max_tokens or n, or send fewer prompts",
                 code="rate_limit_exceeded",
                 headers=headers,
             )
@@ -194,12 +211,30 @@ class RedisMeter:
                 headers=headers,
             )
         period = reply[5].decode() if isinstance(reply[5], bytes) else str(reply[5])
+        reservation_id = f"{period}/{request.request_id}"
+        self.reservations.hold(
+            reservation_id,
+            f"{budget_prefix(request.org_id)}{period}:resv",
+            request.request_id,
+            request.max_duration_s,
+        )
         return Admission(
             request=request,
             headers=headers,
             reserved_nano_usd=worst.allowance_consumed_nano,
-            reservation_id=f"{period}/{request.request_id}",
+            reservation_id=reservation_id,
         )
+
+    def _admit_without_redis(
+        self, request: AdmissionRequest, worst_nano: int, exc: BaseException
+    ) -> Admission:
+        """Redis did not answer: refuse, or admit on this process's outage allowance."""
+        if self.settings.admission_when_redis_down == "local_allowance" and _unreachable(exc):
+            if self.local_allowance.take(request.request_id, worst_nano):
+                return Admission(request=request, reserved_nano_usd=worst_nano)
+        else:
+            logger.warning("refused %s: Redis did not answer (%s)", request.request_id, exc)
+        raise billing_unavailable() from exc
 
     # -- settlement ----------------------------------------------------------------
 
@@ -207,8 +242,10 @@ class RedisMeter:
         """Count the actual usage and emit its event; spool it if Redis is unreachable."""
         event = usage_event(self.book, admission, usage)
         if admission.reservation_id:
+            self.reservations.release(admission.reservation_id)
             period = admission.reservation_id.split("/", 1)[0]
         else:
+            self.local_allowance.settle(event.event_id, event.allowance_consumed_nano_usd)
             period = period_of(event.started_at)
         # The record is what the spool keeps if Redis is down: the event serialised once.
         record = {
@@ -226,6 +263,7 @@ class RedisMeter:
             self._next_spool_scan = 0.0
             metrics.usage_spool_events.inc()
         else:
+            self.local_allowance.redis_answered()
             if time.monotonic() >= self._next_spool_scan:
                 await self.replay_spool()
         metrics.usage_events.labels(event.tier, event.outcome).inc()
@@ -261,6 +299,7 @@ class RedisMeter:
             return sent
 
     async def aclose(self) -> None:
+        await self.reservations.aclose()
         try:
             await self.replay_spool()
         finally:

@@ -8,8 +8,9 @@ placeholder.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
-from pydantic import SecretStr
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_PRICEBOOK_PATH = Path(__file__).with_name("pricebook.yaml")
@@ -30,13 +31,21 @@ class BillingSettings(BaseSettings):
     usage_consumer_group: str = "billing-ledger"
     #: Where the gateway spools usage events while Redis is unreachable (one file a process).
     usage_spool_dir: Path = Path(".cstack/usage-spool")
-    #: A reservation not settled within this time is released (its gateway died).
-    reservation_ttl_s: int = 900
-    #: Admit without limits while Redis is unreachable: serving beats refusing, and the
-    #: usage still reaches the ledger through the spool.
-    admission_fail_open: bool = True
-    #: Connect/read timeout; admission fails open only when Redis refuses connections,
-    #: never on a timeout (a timed-out script may have run: failing open would double it).
+    #: A reservation not renewed within this time is released (its gateway died). A live
+    #: gateway renews its requests' reservations every third of it while they run.
+    reservation_ttl_s: int = Field(default=900, ge=1)
+    #: What admission does while Redis is unreachable (refused or dropped connections, or a
+    #: connect timeout): ``fail_closed`` refuses every request with a 503; ``local_allowance``
+    #: lets each gateway process admit up to the two budgets below per outage (an outage
+    #: ends when Redis answers again), then refuses with a 503. Usage admitted meanwhile
+    #: reaches the ledger through the disk spool either way. A Redis that accepted a command
+    #: and then timed out always fails closed: the script may have run.
+    admission_when_redis_down: Literal["fail_closed", "local_allowance"] = "local_allowance"
+    #: Per process and outage: worst-case cost of the requests in flight plus the actual
+    #: cost of those finished ($2 by default), and the number of requests admitted.
+    redis_down_allowance_nano_usd: int = Field(default=2_000_000_000, ge=0)
+    redis_down_allowance_requests: int = Field(default=500, ge=0)
+    #: Connect/read timeout of Redis calls.
     redis_timeout_s: float = 2.0
     #: Connections per process; callers beyond it wait for one instead of opening more,
     #: so a burst of requests cannot stampede Redis with connects.
@@ -50,14 +59,21 @@ class BillingSettings(BaseSettings):
     #: How often beat asks the worker to drain the stream and to sync Stripe.
     ledger_drain_interval_s: float = 1.0
     stripe_sync_interval_s: float = 60.0
-    #: A minute is reported to Stripe once it is this old (late events get a new batch).
-    stripe_minute_grace_s: int = 30
     stripe_retry_base_s: float = 30.0
     stripe_retry_max_s: float = 3600.0
 
     stripe_api_key: SecretStr | None = None
     stripe_api_base: str = "https://api.stripe.com"
     stripe_webhook_secret: SecretStr | None = None
+
+    # -- Stripe invoice items (billing/stripe_sync.py) ------------------------------------
+    #: A month's invoice items are posted once the month has been over this long, so that
+    #: usage still in flight at midnight is on them; later usage becomes another delta item.
+    stripe_invoice_grace_s: int = 3600
+    #: Also post the running month on every sync (development, staging, tests: Stripe's
+    #: upcoming invoice follows usage). Production leaves it off: each sync that sees new
+    #: usage adds a delta item per changed line, and an invoice should not carry hundreds.
+    stripe_post_open_periods: bool = False
 
     #: Prometheus port of the billing worker / beat (none: no endpoint).
     metrics_port: int | None = None

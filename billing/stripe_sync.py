@@ -1,11 +1,21 @@
-"""Reporting ledger usage to Stripe as meter events, each sent once.
+"""Stripe invoices what the ledger invoices, to the cent: invoice items mirror invoice lines.
 
-Two steps, each its own transaction. ``plan_meter_events`` groups unreported usage per
-(customer, tier, minute) into a numbered batch, records the batch's meter events (one per
-non-zero direction) and marks the rows as reported, all in one commit. ``send_meter_events``
-then sends each pending event with its deterministic identifier as the idempotency key, so
-a crash between Stripe's answer and our commit only resends something Stripe already
-deduplicates. Failures back off exponentially per event.
+Each line of an (org, period) invoice (billing/invoice.py: usage per tier, direction and
+price version at list price, the launch promotion credit, the included-allowance credit,
+adjustments) has a stable key, and the Stripe invoice items of that (org, period, key)
+add up to the line's rounded cents. Two steps:
+
+``plan_changed_invoices``: every ledger write queues its (org, period) in
+``stripe_invoice_changes``. For each queued period that is due, one transaction recomputes
+the invoice from the ledger, compares each line with the items planned so far, records a
+pending item for every difference (the line's next revision) and dequeues the period
+unless a write queued it again meanwhile. Late usage is simply another difference.
+
+``send_invoice_items``: each pending item is posted with the idempotency key
+``cstack.{org}.{period}.{line}.{revision}``, so a resend after a crash or a lost answer
+replays Stripe's first answer instead of adding a second item; failures back off
+exponentially per item. Stripe forgets idempotency keys after a day, so an item first
+tried longer ago than that is looked for among the customer's items before it is posted.
 """
 
 from __future__ import annotations
@@ -13,111 +23,166 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import defaultdict
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import stripe
-from sqlalchemy import Connection, Engine, func, insert, select, update
+from sqlalchemy import Connection, Engine, Row, delete, func, insert, select, update
+from sqlalchemy.exc import IntegrityError
 
 from billing import metrics
-from billing.ledger import StripeMeterEvent, StripeReportedUsage, UsageRow
-from billing.pricebook import Direction, PriceBook
+from billing.invoice import period_bounds, read_invoice
+from billing.ledger import InvoiceChange, StripeInvoiceItem, UsageRow
+from billing.ledger.writes import period_of
+from billing.pricebook import PriceBook, PriceBookError
 from billing.settings import BillingSettings
+from billing.stripe_api import (
+    LINE,
+    ORG,
+    PERIOD,
+    REVISION,
+    create_invoice_item,
+    list_invoice_items,
+    stripe_client,
+)
 
 logger = logging.getLogger(__name__)
 
-MAX_IDENTIFIER = 100
-PLAN_ROWS_PER_RUN = 50_000
+MAX_IDEMPOTENCY_KEY = 255
+PLAN_PERIODS_PER_RUN = 500
 SEND_PER_RUN = 1_000
+#: Stripe prunes idempotency keys once they are 24 hours old; an hour of margin.
+IDEMPOTENCY_WINDOW = timedelta(hours=23)
 
 
-def floor_minute(at: datetime) -> datetime:
-    return at.astimezone(UTC).replace(second=0, microsecond=0)
+@dataclass
+class SyncResult:
+    planned: int = 0
+    sent: int = 0
+    failed: int = 0
+    #: Periods that could not be planned (a price version missing from the book...).
+    plan_errors: int = 0
 
 
-def batch_name(customer_id: str, tier: str, minute: datetime, sequence: int) -> str:
-    return f"{customer_id}.{tier}.{minute:%Y%m%dT%H%M}.{sequence}"
+def idempotency_key(org_id: str, period: str, line_key: str, revision: int) -> str:
+    """Deterministic per item, within Stripe's 255 characters."""
+    key = f"cstack.{org_id}.{period}.{line_key}.{revision}"
+    if len(key) <= MAX_IDEMPOTENCY_KEY:
+        return key
+    return "cstack." + hashlib.sha256(key.encode()).hexdigest()
 
 
-def meter_event_identifier(batch: str, direction: Direction) -> str:
-    """Deterministic, unique per batch and direction, within Stripe's 100 characters."""
-    identifier = f"cstack.{batch}.{direction}"
-    if len(identifier) <= MAX_IDENTIFIER:
-        return identifier
-    return "cstack." + hashlib.sha256(identifier.encode()).hexdigest()
+def item_metadata(org_id: str, period: str, line_key: str, revision: int) -> dict[str, str]:
+    return {ORG: org_id, PERIOD: period, LINE: line_key, REVISION: str(revision)}
 
 
-def plan_meter_events(connection: Connection, book: PriceBook, now: datetime, grace_s: int) -> int:
-    """Turn closed minutes of unreported usage into pending meter events; returns how many."""
-    cutoff = floor_minute(now - timedelta(seconds=grace_s))
-    rows = connection.execute(
+def first_open_period(now: datetime, settings: BillingSettings) -> str | None:
+    """Periods before this one are due for posting (None: every period is)."""
+    if settings.stripe_post_open_periods:
+        return None
+    return period_of(now - timedelta(seconds=settings.stripe_invoice_grace_s))
+
+
+def customer_for(connection: Connection, org_id: str, period: str) -> str | None:
+    """The Stripe customer of the org's latest usage in the period that names one."""
+    lower, upper = period_bounds(period)
+    return connection.execute(
+        select(UsageRow.customer_id)
+        .where(UsageRow.org_id == org_id, UsageRow.customer_id.is_not(None))
+        .where(UsageRow.started_at >= lower, UsageRow.started_at < upper)
+        .order_by(UsageRow.id.desc())
+        .limit(1)
+    ).scalar_one_or_none()
+
+
+def plan_period(
+    connection: Connection, book: PriceBook, org_id: str, period: str, now: datetime
+) -> int:
+    """Record the items that bring Stripe to the ledger's invoice; returns how many."""
+    customer = customer_for(connection, org_id, period)
+    if customer is None:
+        return 0  # not billed through Stripe; a later write that names a customer re-queues
+    invoice = read_invoice(connection, book, org_id, period)
+    planned_cents: dict[str, int] = defaultdict(int)
+    revisions: dict[str, int] = {}
+    descriptions: dict[str, str] = {}
+    for row in connection.execute(
         select(
-            UsageRow.event_id,
-            UsageRow.customer_id,
-            UsageRow.tier,
-            UsageRow.prompt_tokens,
-            UsageRow.completion_tokens,
-            UsageRow.ended_at,
+            StripeInvoiceItem.line_key,
+            StripeInvoiceItem.revision,
+            StripeInvoiceItem.amount_cents,
+            StripeInvoiceItem.description,
         )
-        .outerjoin(StripeReportedUsage, StripeReportedUsage.event_id == UsageRow.event_id)
-        .where(StripeReportedUsage.event_id.is_(None))
-        .where(UsageRow.customer_id.is_not(None))
-        .where(UsageRow.ended_at < cutoff)
-        .order_by(UsageRow.id)
-        .limit(PLAN_ROWS_PER_RUN)
-    ).all()
-    groups: dict[tuple[str, str, datetime], list[Any]] = defaultdict(list)
-    for row in rows:
-        groups[(row.customer_id, row.tier, floor_minute(row.ended_at))].append(row)
-    planned = 0
-    for (customer_id, tier, minute), members in groups.items():
-        # Usage that arrives late for an already-reported minute gets the next batch
-        # number, so its identifier differs from the batch Stripe already has.
-        prefix = batch_name(customer_id, tier, minute, 0)[:-1]
-        earlier = connection.execute(
-            select(func.count(func.distinct(StripeReportedUsage.batch))).where(
-                StripeReportedUsage.batch.startswith(prefix, autoescape=True)
-            )
-        ).scalar_one()
-        batch = batch_name(customer_id, tier, minute, int(earlier))
-        totals: dict[Direction, int] = {
-            "input": sum(r.prompt_tokens for r in members),
-            "output": sum(r.completion_tokens for r in members),
-        }
-        for direction, value in totals.items():
-            if value <= 0:
-                continue
-            connection.execute(
-                insert(StripeMeterEvent).values(
-                    identifier=meter_event_identifier(batch, direction),
-                    customer_id=customer_id,
-                    event_name=book.stripe_meters[tier][direction],  # type: ignore[index]
-                    minute=minute,
-                    value=value,
-                    status="pending",
-                    attempts=0,
-                    next_attempt_at=now,
-                    created_at=now,
+        .where(StripeInvoiceItem.org_id == org_id, StripeInvoiceItem.period == period)
+        .order_by(StripeInvoiceItem.revision)
+    ):
+        planned_cents[row.line_key] += row.amount_cents
+        revisions[row.line_key] = row.revision
+        descriptions[row.line_key] = row.description
+    ledger_cents = {line.key: line.amount_cents for line in invoice.lines}
+    descriptions.update({line.key: line.description for line in invoice.lines})
+    items = []
+    # A line can also vanish (a credit brought back to zero): its items must sum to 0.
+    for key in sorted(ledger_cents.keys() | planned_cents.keys()):
+        delta = ledger_cents.get(key, 0) - planned_cents.get(key, 0)
+        if delta == 0:
+            continue
+        revision = revisions.get(key, 0) + 1
+        items.append(
+            {
+                "org_id": org_id,
+                "period": period,
+                "line_key": key,
+                "revision": revision,
+                "customer_id": customer,
+                "amount_cents": delta,
+                "description": descriptions[key],
+                "idempotency_key": idempotency_key(org_id, period, key, revision),
+                "status": "pending",
+                "attempts": 0,
+                "next_attempt_at": now,
+                "created_at": now,
+            }
+        )
+    if items:
+        # (org, period, line, revision) is unique: a concurrent planner fails here instead
+        # of planning the same difference twice.
+        connection.execute(insert(StripeInvoiceItem), items)
+    return len(items)
+
+
+def plan_changed_invoices(
+    engine: Engine, book: PriceBook, settings: BillingSettings, now: datetime
+) -> tuple[int, int]:
+    """Plan every queued period that is due; returns (items planned, periods that failed)."""
+    query = select(InvoiceChange).order_by(InvoiceChange.period, InvoiceChange.org_id)
+    open_from = first_open_period(now, settings)
+    if open_from is not None:
+        query = query.where(InvoiceChange.period < open_from)
+    with engine.connect() as connection:
+        queued = connection.execute(query.limit(PLAN_PERIODS_PER_RUN)).all()
+    planned = errors = 0
+    for change in queued:
+        try:
+            with engine.begin() as connection:
+                count = plan_period(connection, book, change.org_id, change.period, now)
+                # Still the count read above: every write it stands for is in this plan.
+                connection.execute(
+                    delete(InvoiceChange).where(
+                        InvoiceChange.org_id == change.org_id,
+                        InvoiceChange.period == change.period,
+                        InvoiceChange.changes == change.changes,
+                    )
                 )
+        except (PriceBookError, IntegrityError) as exc:
+            errors += 1
+            logger.error(
+                "cannot plan Stripe items for %s %s: %s", change.org_id, change.period, exc
             )
-            planned += 1
-        connection.execute(
-            insert(StripeReportedUsage),
-            [{"event_id": r.event_id, "batch": batch} for r in members],
-        )
-    return planned
-
-
-def stripe_client(settings: BillingSettings) -> stripe.StripeClient:
-    if settings.stripe_api_key is None:
-        raise RuntimeError("CSTACK_STRIPE_API_KEY is not set; cannot report usage to Stripe")
-    base = settings.stripe_api_base.rstrip("/")
-    return stripe.StripeClient(
-        settings.stripe_api_key.get_secret_value(),
-        base_addresses={"api": base, "meter_events": base},
-        # Retries are ours (persisted, backed off); stripe-python's would hide failures.
-        max_network_retries=0,
-    )
+            continue
+        planned += count
+    return planned, errors
 
 
 def backoff(attempts: int, settings: BillingSettings) -> timedelta:
@@ -125,72 +190,112 @@ def backoff(attempts: int, settings: BillingSettings) -> timedelta:
     return timedelta(seconds=seconds)
 
 
-def send_meter_events(
+def _already_in_stripe(client: stripe.StripeClient, item: Row[Any]) -> str | None:
+    """The id of the Stripe item an earlier attempt created, if one did."""
+    wanted = item_metadata(item.org_id, item.period, item.line_key, item.revision)
+    for posted in list_invoice_items(client, item.customer_id):
+        if all(posted.metadata.get(k) == v for k, v in wanted.items()):
+            return posted.id
+    return None
+
+
+def _send_one(client: stripe.StripeClient, item: Row[Any], now: datetime) -> str:
+    """Post ``item`` (unless an attempt beyond Stripe's key memory already did); its id."""
+    first = item.first_attempt_at
+    if first is not None and now - first >= IDEMPOTENCY_WINDOW:
+        found = _already_in_stripe(client, item)
+        if found is not None:
+            return found
+    return create_invoice_item(
+        client,
+        customer=item.customer_id,
+        amount_cents=item.amount_cents,
+        description=item.description,
+        metadata=item_metadata(item.org_id, item.period, item.line_key, item.revision),
+        service_period=period_bounds(item.period),
+        idempotency_key=item.idempotency_key,
+    )
+
+
+def send_invoice_items(
     engine: Engine, client: stripe.StripeClient, settings: BillingSettings, now: datetime
 ) -> tuple[int, int]:
-    """Send due pending meter events; returns (sent, failed)."""
+    """Send due pending items; returns (sent, failed)."""
     with engine.connect() as connection:
         due = connection.execute(
-            select(StripeMeterEvent)
-            .where(StripeMeterEvent.status == "pending")
-            .where(StripeMeterEvent.next_attempt_at <= now)
-            .order_by(StripeMeterEvent.id)
+            select(StripeInvoiceItem)
+            .where(StripeInvoiceItem.status == "pending")
+            .where(StripeInvoiceItem.next_attempt_at <= now)
+            .order_by(StripeInvoiceItem.id)
             .limit(SEND_PER_RUN)
         ).all()
     sent = failed = 0
-    for event in due:
+    for item in due:
+        if item.first_attempt_at is None:
+            # Committed before the request leaves: if we crash after Stripe answered, the
+            # resend still knows when Stripe first saw the key.
+            with engine.begin() as connection:
+                connection.execute(
+                    update(StripeInvoiceItem)
+                    .where(StripeInvoiceItem.id == item.id)
+                    .values(first_attempt_at=now)
+                )
+        attempts = item.attempts + 1
         try:
-            client.v1.billing.meter_events.create(
-                params={
-                    "event_name": event.event_name,
-                    "identifier": event.identifier,
-                    "timestamp": int(event.minute.timestamp()),
-                    "payload": {
-                        "stripe_customer_id": event.customer_id,
-                        "value": str(event.value),
-                    },
-                },
-                options={"idempotency_key": event.identifier},
-            )
+            stripe_id = _send_one(client, item, now)
         except stripe.StripeError as exc:
             failed += 1
-            attempts = event.attempts + 1
             logger.warning(
-                "Stripe meter event %s failed (attempt %d): %s", event.identifier, attempts, exc
+                "Stripe invoice item %s failed (attempt %d): %s",
+                item.idempotency_key,
+                attempts,
+                exc,
             )
             with engine.begin() as connection:
                 connection.execute(
-                    update(StripeMeterEvent)
-                    .where(StripeMeterEvent.id == event.id)
+                    update(StripeInvoiceItem)
+                    .where(StripeInvoiceItem.id == item.id)
                     .values(
                         attempts=attempts,
                         next_attempt_at=now + backoff(attempts, settings),
                         last_error=str(exc)[:2000],
                     )
                 )
-            metrics.stripe_meter_events.labels("failed").inc()
+            metrics.stripe_invoice_items.labels("failed").inc()
             continue
         with engine.begin() as connection:
             connection.execute(
-                update(StripeMeterEvent)
-                .where(StripeMeterEvent.id == event.id)
-                .values(status="sent", sent_at=now, attempts=event.attempts + 1)
+                update(StripeInvoiceItem)
+                .where(StripeInvoiceItem.id == item.id)
+                .values(status="sent", sent_at=now, attempts=attempts, stripe_item_id=stripe_id)
             )
         sent += 1
-        metrics.stripe_meter_events.labels("sent").inc()
+        metrics.stripe_invoice_items.labels("sent").inc()
     return sent, failed
+
+
+def pending_items(engine: Engine, org_id: str, period: str) -> int:
+    """Items planned for (org, period) that Stripe has not confirmed yet."""
+    with engine.connect() as connection:
+        return int(
+            connection.execute(
+                select(func.count())
+                .select_from(StripeInvoiceItem)
+                .where(StripeInvoiceItem.org_id == org_id, StripeInvoiceItem.period == period)
+                .where(StripeInvoiceItem.status == "pending")
+            ).scalar_one()
+        )
 
 
 def sync_stripe(
     engine: Engine, book: PriceBook, settings: BillingSettings, now: datetime | None = None
-) -> tuple[int, int]:
-    """One sync run: plan new meter events, then send what is due."""
+) -> SyncResult:
+    """One sync run: plan the changed invoices that are due, then send what is pending."""
     current = now or datetime.now(UTC)
-    with engine.begin() as connection:
-        plan_meter_events(connection, book, current, settings.stripe_minute_grace_s)
-    sent, failed = send_meter_events(engine, stripe_client(settings), settings, current)
-    if failed:
+    planned, plan_errors = plan_changed_invoices(engine, book, settings, current)
+    sent, failed = send_invoice_items(engine, stripe_client(settings), settings, current)
+    if failed or plan_errors:
         metrics.stripe_sync_failures.inc()
     else:
         metrics.stripe_last_success.set(current.timestamp())
-    return sent, failed
+    return SyncResult(planned=planned, sent=sent, failed=failed, plan_errors=plan_errors)

@@ -103,7 +103,6 @@ def sync_stripe_task() -> dict[str, Any]:
         return {"skipped": True}
     try:
         book = pricebook_from_path(settings.pricebook_path)
-        sent, failed = sync_stripe(ledger(), book, settings, datetime.now(UTC))
-        return {"sent": sent, "failed": failed}
+        return asdict(sync_stripe(ledger(), book, settings, datetime.now(UTC)))
     finally:
         lock.release()

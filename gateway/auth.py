@@ -47,6 +47,7 @@ class Authenticator:
         self._epoch: int | None = None
         self._epoch_checked_at = float("-inf")
         self._task: asyncio.Task[None] | None = None
+        self._closed = False
         self._refresh: asyncio.Future[None] | None = None
 
     async def authenticate(self, authorization: str | None) -> Principal:
@@ -106,17 +107,23 @@ class Authenticator:
         self._epoch_checked_at = issued_at
 
     async def _poll_loop(self) -> None:
-        while True:
+        # Checked, not only cancelled: redis-py may turn a cancellation that lands inside a
+        # command into an error of its own, which the handler below swallows; the loop
+        # then slept on and ``aclose`` (the gateway's shutdown) waited for it for ever.
+        while not self._closed:
             try:
                 await self.poll_epoch()
             except Exception as exc:  # keep polling; stale epochs already bypass the cache
-                logger.warning("revocation epoch poll failed: %s", type(exc).__name__)
-            await asyncio.sleep(self._poll_s)
+                if not self._closed:
+                    logger.warning("revocation epoch poll failed: %s", type(exc).__name__)
+            if not self._closed:
+                await asyncio.sleep(self._poll_s)
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._poll_loop())
 
     async def aclose(self) -> None:
+        self._closed = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -1,19 +1,28 @@
 """``/v1/chat/completions`` and ``/v1/completions``: auth, validation, tier, admission, relay.
 
 The request body is validated once by pydantic (in Rust) and the upstream body is
-serialised once from the validated model; responses are relayed with only ``model`` and
-``service_tier`` rewritten.
+serialised once from the validated model. vLLM is always asked for a stream with
+continuous usage, so the tokens generated so far are known however the request ends;
+streams are relayed with only ``model`` and ``service_tier`` rewritten, and a client that
+asked for one JSON answer gets it assembled in vLLM's unstreamed shape (``assemble``).
 
-Prompt tokens for admission are bounded by the request body's length in bytes, without
-running a tokenizer on the hot path: every byte-level BPE token covers at least one byte
-of text, and the JSON around each message is longer than the chat template's tokens for
-it. The reservation must be an upper bound (billing's promise that no org ends a period
-more than one request's worst case over its limit rests on it); ``settle`` then bills
-vLLM's exact count and releases the rest.
+Admission reserves the request's worst case, which must be an upper bound (billing's
+promise that no org ends a period more than one request's worst case over its limit rests
+on it); ``settle`` then bills vLLM's exact count and releases the rest.
+
+- Prompt tokens, over every prompt of the request, are bounded by the body's length in
+  bytes, without running a tokenizer on the hot path: every byte-level BPE token covers
+  at least one byte of text, a token id takes at least two bytes of JSON (digit and
+  comma), and the JSON around each message is longer than the chat template's tokens for
+  it. Tools are the exception: the template adds a preamble once, allowed for by
+  ``TOOLS_TEMPLATE_TOKENS``.
+- Output tokens: every sequence the request runs (each prompt of a text completion times
+  ``n``) may produce ``max_tokens``, capped by the tier and by the engine's context length.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -24,6 +33,7 @@ from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
 from billing.meter import Admission, AdmissionRefused, AdmissionRequest, Meter
+from gateway.assemble import Assembler, ChatAssembler, CompletionAssembler
 from gateway.auth import Authenticator
 from gateway.errors import GatewayError, bad_request
 from gateway.middleware import REQUEST_ID, TIER
@@ -34,6 +44,24 @@ from gateway.sse import StreamRewriter
 from gateway.tiers import TierRoute, TierRouter
 
 UPSTREAM_STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
+#: Tokens allowed for what a chat template adds once when a request declares tools (the
+#: tiny checkpoint's Hermes-style preamble is about 110; 512 leaves room for longer ones).
+TOOLS_TEMPLATE_TOKENS = 512
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a request may cost at most, and what vLLM is asked for."""
+
+    upstream_body: bytes
+    #: Prompts in the request (a text completion may send a list of them).
+    prompts: int
+    #: Choices per prompt (``n``).
+    n: int
+    #: The most output tokens of the whole request: prompts x n x capped max_tokens.
+    max_output_tokens: int
+    #: An upper bound of the prompt tokens of the whole request.
+    prompt_tokens: int
 
 
 @dataclass(frozen=True)
@@ -62,12 +90,14 @@ class GenerationHandler:
         self._relay = relay
 
     async def handle(self, request: Request, endpoint: Endpoint) -> Response:
+        # The maximum duration counts from arrival: auth and admission are part of it.
+        deadline = asyncio.get_running_loop().time() + self._settings.max_request_duration_s
         principal = await self._auth.authenticate(request.headers.get("authorization"))
         body = await read_body(request, self._settings.max_body_bytes)
         parsed = parse_request(endpoint.model, body)
         route = self._router.resolve(parsed.model, parsed.service_tier)
         request.scope[TIER] = route.tier
-        upstream_body, max_output = self.upstream_body(parsed, route)
+        shape = self.shape(parsed, route, len(body))
         request_id: str = request.scope[REQUEST_ID]
         admission_request = AdmissionRequest(
             request_id=request_id,
@@ -76,12 +106,15 @@ class GenerationHandler:
             plan=principal.key.plan,
             tier=route.tier,
             model=route.public_model,
-            prompt_tokens=len(body),  # an upper bound: see the module docstring
-            max_output_tokens=max_output,
+            prompt_tokens=shape.prompt_tokens,
+            max_output_tokens=shape.max_output_tokens,
             customer_id=principal.customer_id,
+            max_duration_s=self._settings.max_request_duration_s,
         )
         admission = await self._admit(admission_request)
-        exchange = Exchange(request_id, route, principal, admission, datetime.now(UTC))
+        exchange = Exchange(request_id, route, principal, admission, datetime.now(UTC), deadline)
+        # A text completion's choice i answers prompt i // n; a chat has a single prompt.
+        per_prompt = shape.n if isinstance(parsed, CompletionRequest) else None
         try:
             if parsed.stream:
                 options = parsed.stream_options
@@ -90,12 +123,18 @@ class GenerationHandler:
                     route.tier,
                     include_usage=bool(options and options.include_usage),
                     continuous_usage=bool(options and options.continuous_usage_stats),
+                    choices_per_prompt=per_prompt,
                 )
                 return await self._relay.stream(
-                    exchange, request.receive, endpoint.path, upstream_body, rewriter
+                    exchange, request.receive, endpoint.path, shape.upstream_body, rewriter
                 )
+            assembler: Assembler = (
+                ChatAssembler(parsed.tool_choice)
+                if isinstance(parsed, ChatCompletionRequest)
+                else CompletionAssembler(per_prompt)
+            )
             return await self._relay.complete(
-                exchange, request.receive, endpoint.path, upstream_body
+                exchange, request.receive, endpoint.path, shape.upstream_body, assembler
             )
         except GatewayError as exc:
             exc.headers = {**admission.headers, **exc.headers}
@@ -108,9 +147,10 @@ class GenerationHandler:
             headers = dict(refused.headers)
             if refused.retry_after_s is not None:
                 headers["retry-after"] = str(refused.retry_after_s)
-            error_type = (
-                "insufficient_quota" if refused.code == "insufficient_quota" else "requests"
-            )
+            error_type = {
+                "insufficient_quota": "insufficient_quota",
+                "billing_unavailable": "server_error",
+            }.get(refused.code, "requests")
             raise GatewayError(
                 refused.status_code,
                 refused.message,
@@ -119,9 +159,11 @@ class GenerationHandler:
                 headers=headers,
             ) from None
 
-    def upstream_body(self, parsed: SamplingParams, route: TierRoute) -> tuple[bytes, int]:
-        """The body vLLM gets, and the most output tokens it may produce (for admission)."""
+    def shape(self, parsed: SamplingParams, route: TierRoute, body_bytes: int) -> Shape:
+        """The body vLLM gets, and the most the request may cost (for admission)."""
         settings = self._settings
+        prompts = 1
+        prompt_tokens = body_bytes  # an upper bound: see the module docstring
         body: dict[str, Any] = parsed.model_dump(exclude_unset=True, exclude_none=True)
         body.pop("service_tier", None)
         body["model"] = route.served_model
@@ -136,25 +178,52 @@ class GenerationHandler:
             requested = parsed.max_completion_tokens or parsed.max_tokens
             param = "max_completion_tokens" if parsed.max_completion_tokens else "max_tokens"
             body.pop("max_completion_tokens", None)
+            if parsed.tools:
+                prompt_tokens += TOOLS_TEMPLATE_TOKENS
         else:
+            assert isinstance(parsed, CompletionRequest)
             requested, param = parsed.max_tokens, "max_tokens"
+            prompts = prompt_count(parsed.prompt)
+            if prompts > settings.max_prompts:
+                raise bad_request(
+                    f"prompt: at most {settings.max_prompts} prompts per request", param="prompt"
+                )
         if requested is not None and requested > route.max_tokens:
             raise bad_request(
                 f"{param}: {requested} exceeds the {route.tier} tier's limit of {route.max_tokens}",
                 param=param,
             )
-        # vLLM clamps max_tokens to the context left, so the cap is always safe to send.
-        body["max_tokens"] = requested or route.max_tokens
+        # vLLM refuses a max_tokens above its context length and clamps one below it to the
+        # context the prompt leaves, so an unset one is sent as the lower of the two caps.
+        context = self._relay.max_model_len(route.tier)
+        cap = route.max_tokens if context is None else min(route.max_tokens, context)
+        body["max_tokens"] = requested or cap
         n = parsed.n or 1
         if n > settings.max_n:
             raise bad_request(f"n: at most {settings.max_n} choices per request", param="n")
-        if parsed.stream:
-            body["stream_options"] = UPSTREAM_STREAM_OPTIONS
-        elif parsed.stream_options is not None:
+        if not parsed.stream and parsed.stream_options is not None:
             raise bad_request(
                 "stream_options: only allowed when stream is true", param="stream_options"
             )
-        return pydantic_core.to_json(body), body["max_tokens"] * n
+        # Streamed from vLLM in every case: see the module docstring.
+        body["stream"] = True
+        body["stream_options"] = UPSTREAM_STREAM_OPTIONS
+        per_sequence = body["max_tokens"] if context is None else min(body["max_tokens"], context)
+        return Shape(
+            upstream_body=pydantic_core.to_json(body),
+            prompts=prompts,
+            n=n,
+            max_output_tokens=per_sequence * n * prompts,
+            prompt_tokens=prompt_tokens,
+        )
+
+
+def prompt_count(prompt: str | list[str] | list[int] | list[list[int]]) -> int:
+    """How many prompts a text completion sends: a string or one list of token ids is one
+    prompt, a list of strings or of token-id lists is one prompt per item."""
+    if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int):
+        return 1
+    return len(prompt)
 
 
 async def read_body(request: Request, limit: int) -> bytes:

@@ -212,11 +212,14 @@ class ConnectionPool:
 
     async def get_status(self, path: str) -> int:
         """A GET whose body is discarded (health checks)."""
+        return (await self.get(path))[0]
+
+    async def get(self, path: str) -> tuple[int, bytes]:
+        """A GET: status and body."""
         request = b"GET " + path.encode() + b" HTTP/1.1\r\nhost: " + self.host_header + b"\r\n\r\n"
         response = await self._exchange(request)
         try:
-            await response.read()
-            return response.status
+            return response.status, await response.read()
         finally:
             response.close()
 

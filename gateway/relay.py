@@ -2,8 +2,9 @@
 
 Every request admitted by billing ends in exactly one ``Meter.settle``, however it ends:
 complete, client disconnect (the upstream connection is closed so vLLM aborts the
-request), or upstream error. A client disconnect is watched for while waiting on the
-upstream, streaming or not, so generation stops as soon as nobody is listening.
+request), upstream error, or its maximum duration reached. A client disconnect is watched
+for while waiting on the upstream, streaming or not, so generation stops as soon as nobody
+is listening; the upstream always streams, so the tokens generated until then are billed.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from starlette.background import BackgroundTask
 from starlette.types import Receive, Scope, Send
 
 from billing.meter import Admission, Meter, Outcome, UsageReport
+from gateway.assemble import Assembler
 from gateway.auth import Principal
 from gateway.errors import GatewayError, upstream_unavailable
 from gateway.http1 import UpstreamCut, UpstreamReadTimeout
@@ -31,6 +33,7 @@ from gateway.sse import StreamRewriter, error_event
 from gateway.tiers import TierRoute
 from gateway.upstream import (
     NoUpstreamAvailable,
+    Replica,
     UpstreamPool,
     UpstreamResponse,
     UpstreamTimeout,
@@ -39,6 +42,9 @@ from gateway.upstream import (
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 SendEvent = Callable[[bytes], Awaitable[None]]
+#: After its deadline a stream gets this long to deliver its error event and end; a
+#: client that reads nothing cannot keep the request alive past it.
+END_GRACE_S = 10.0
 
 
 @dataclass
@@ -50,6 +56,8 @@ class Exchange:
     principal: Principal
     admission: Admission
     started_at: datetime
+    #: Event-loop time at which the request has run its maximum duration.
+    deadline: float
     started: float = field(default_factory=time.perf_counter)
     settled: bool = False
 
@@ -97,6 +105,10 @@ class Relay:
         self._tokens_out = {tier: metrics.tokens.labels(tier, "output") for tier in pools}
         self._ttft = {tier: metrics.ttft.labels(tier) for tier in pools}
 
+    def max_model_len(self, tier: str) -> int | None:
+        """The context length of the tier's engines, once every replica has reported it."""
+        return self._pools[tier].max_model_len
+
     async def settle(self, exchange: Exchange, outcome: Outcome, usage: dict[str, Any]) -> None:
         """Report usage once; billing errors are logged, never turned into client errors."""
         if exchange.settled:
@@ -129,12 +141,16 @@ class Relay:
         except Exception:
             logger.exception("billing settle failed for request %s", exchange.request_id)
 
-    async def open(self, exchange: Exchange, path: str, body: bytes) -> UpstreamResponse:
-        self._inflight[exchange.route.tier].inc()
+    async def open(
+        self, exchange: Exchange, path: str, body: bytes, avoid: Replica | None = None
+    ) -> UpstreamResponse:
+        """Send the request upstream (``avoid``: a replica that failed it, on a retry)."""
+        if avoid is None:
+            self._inflight[exchange.route.tier].inc()
         headers = {"content-type": "application/json", "x-request-id": exchange.request_id}
         pool = self._pools[exchange.route.tier]
         try:
-            return await pool.open(path, body, headers)
+            return await pool.open(path, body, headers, avoid)
         except NoUpstreamAvailable as exc:
             await self.settle(exchange, "upstream_error", {})
             raise upstream_unavailable(f"No upstream could serve the request: {exc}") from None
@@ -142,49 +158,67 @@ class Relay:
             await self.settle(exchange, "upstream_error", {})
             raise upstream_unavailable(str(exc), status_code=504) from None
         except BaseException:
-            await self.settle(exchange, "client_disconnect", {})
+            # Cancelled: the client went, or the request reached its maximum duration.
+            ended_by_deadline = asyncio.get_running_loop().time() >= exchange.deadline
+            await self.settle(
+                exchange, "max_duration" if ended_by_deadline else "client_disconnect", {}
+            )
             raise
 
     async def complete(
-        self, exchange: Exchange, receive: Receive, path: str, body: bytes
+        self, exchange: Exchange, receive: Receive, path: str, body: bytes, assembler: Assembler
     ) -> Response:
-        """A non-streaming request: the whole answer, rewritten, in one response."""
+        """A non-streaming request: vLLM's stream assembled into one answer."""
+        pool = self._pools[exchange.route.tier]
 
-        async def call_upstream() -> tuple[int, bytes]:
-            upstream = await self.open(exchange, path, body)
-            try:
-                return upstream.response.status, await upstream.response.read()
-            except (UpstreamCut, UpstreamReadTimeout) as exc:
-                timed_out = isinstance(exc, UpstreamReadTimeout)
-                self._pools[exchange.route.tier].count_error(
-                    "timeout" if timed_out else "stream_cut"
-                )
-                await self.settle(exchange, "upstream_error", {})
-                if timed_out:
-                    raise upstream_unavailable("upstream timed out", status_code=504) from None
-                raise upstream_unavailable("upstream failed mid-response", 502) from None
-            finally:
-                upstream.close()
+        async def call_upstream() -> None:
+            avoid: Replica | None = None
+            while True:
+                upstream = await self.open(exchange, path, body, avoid)
+                try:
+                    if upstream.response.status != 200:
+                        content = await upstream.response.read()
+                        await self.settle(exchange, "upstream_error", {})
+                        raise upstream_error(upstream.response.status, content)
+                    async for raw in upstream.response.iter_chunks():
+                        assembler.feed(raw)
+                    return
+                except (UpstreamCut, UpstreamReadTimeout) as exc:
+                    timed_out = isinstance(exc, UpstreamReadTimeout)
+                    pool.count_error("timeout" if timed_out else "stream_cut")
+                    if not timed_out and avoid is None and len(pool.replicas) > 1:
+                        # A replica died mid-answer, but nothing has reached the client:
+                        # once more on another replica, as before the response head.
+                        avoid = upstream.replica
+                        assembler.reset()
+                        continue
+                    # The client gets no answer, so it pays for none of it.
+                    await self.settle(exchange, "upstream_error", {})
+                    if timed_out:
+                        raise upstream_unavailable("upstream timed out", 504) from None
+                    raise upstream_unavailable("upstream failed mid-response", 502) from None
+                finally:
+                    upstream.close()
 
         try:
-            status, content = await until_disconnect(receive, call_upstream())
+            async with asyncio.timeout_at(exchange.deadline):
+                await until_disconnect(receive, call_upstream())
         except ClientGone:
-            await self.settle(exchange, "client_disconnect", {})
+            await self.settle(exchange, "client_disconnect", assembler.usage)
             return client_closed_request()
-        if status != 200:
+        except TimeoutError:
+            await self.settle(exchange, "max_duration", assembler.usage)
+            raise max_duration_exceeded(exchange) from None
+        if assembler.error is not None or not assembler.done:
+            if assembler.error is None:
+                self._pools[exchange.route.tier].count_error("stream_cut")
             await self.settle(exchange, "upstream_error", {})
-            raise upstream_error(status, content)
-        try:
-            data = pydantic_core.from_json(content)
-        except ValueError:
-            data = None
-        if not isinstance(data, dict):
-            await self.settle(exchange, "upstream_error", {})
-            raise upstream_error(502, b"")
+            raise stream_error(assembler.error)
+        data = assembler.answer()
         data["model"] = exchange.route.public_model
         data["service_tier"] = exchange.route.tier
         # Settled once the body is on its way: billing's Redis write adds no latency.
-        settle = BackgroundTask(self.settle, exchange, "complete", data.get("usage") or {})
+        settle = BackgroundTask(self.settle, exchange, "complete", assembler.usage)
         return Response(
             pydantic_core.to_json(data),
             media_type="application/json",
@@ -210,7 +244,7 @@ class Relay:
             await self.settle(exchange, "upstream_error", {})
             raise upstream_error(upstream.response.status, content)
         pump = functools.partial(self._pump, exchange, upstream, rewriter)
-        return SSEResponse(pump, exchange.admission.headers)
+        return SSEResponse(pump, exchange.admission.headers, exchange.deadline)
 
     async def _pump(
         self,
@@ -224,16 +258,22 @@ class Relay:
         first = True
         try:
             try:
-                async for raw in upstream.response.iter_chunks():
-                    events = rewriter.feed(raw)
-                    if not events:
-                        continue
-                    if first:
-                        first = False
-                        elapsed = time.perf_counter() - exchange.started
-                        self._ttft[exchange.route.tier].observe(elapsed)
-                    # Events that arrived together leave together: one write, not one each.
-                    await send_event(b"".join(events))
+                async with asyncio.timeout_at(exchange.deadline):
+                    async for raw in upstream.response.iter_chunks():
+                        events = rewriter.feed(raw)
+                        if not events:
+                            continue
+                        if first:
+                            first = False
+                            elapsed = time.perf_counter() - exchange.started
+                            self._ttft[exchange.route.tier].observe(elapsed)
+                        # Events that arrived together leave together: one write, not one each.
+                        await send_event(b"".join(events))
+            except TimeoutError:
+                outcome = "max_duration"
+                ended = max_duration_exceeded(exchange)
+                await send_event(error_event(ended.message, MAX_DURATION_CODE))
+                return
             except (UpstreamCut, UpstreamReadTimeout) as exc:
                 if isinstance(exc, UpstreamReadTimeout):
                     pool.count_error("timeout")
@@ -251,11 +291,36 @@ class Relay:
                     error_event("upstream ended the stream early", "upstream_stream_cut")
                 )
         except (asyncio.CancelledError, OSError):
-            outcome = "client_disconnect"
+            if outcome != "max_duration":
+                outcome = "client_disconnect"
             raise
         finally:
             upstream.close()
             await self.settle(exchange, outcome, rewriter.usage)
+
+
+MAX_DURATION_CODE = "max_duration_exceeded"
+
+
+def max_duration_exceeded(exchange: Exchange) -> GatewayError:
+    """504, and no retry: the same request would run into the same limit."""
+    return GatewayError(
+        504,
+        "the request reached the gateway's maximum duration and was ended; what was "
+        "generated until then is billed. Lower max_tokens, or stream the answer.",
+        type="server_error",
+        code=MAX_DURATION_CODE,
+        headers={"x-should-retry": "false", **exchange.admission.headers},
+    )
+
+
+def stream_error(error: dict[str, Any] | None) -> GatewayError:
+    """vLLM's in-stream error (or a stream that ended without one) as an error answer."""
+    if error is None:
+        return upstream_unavailable("upstream ended the answer early", 502)
+    code = error.get("code")
+    status = code if isinstance(code, int) and 400 <= code < 600 else 500
+    return upstream_error(status, pydantic_core.to_json({"error": error}))
 
 
 def client_closed_request() -> Response:
@@ -285,12 +350,18 @@ class SSEResponse(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, pump: Callable[[SendEvent], Awaitable[None]], headers: dict[str, str]):
+    def __init__(
+        self,
+        pump: Callable[[SendEvent], Awaitable[None]],
+        headers: dict[str, str],
+        deadline: float,
+    ):
         # Not Response.__init__: it would render an empty body and send content-length: 0.
         self.status_code = 200
         self.background = None
         self.init_headers({**headers, "cache-control": "no-cache"})
         self._pump = pump
+        self._deadline = deadline
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send(
@@ -301,7 +372,12 @@ class SSEResponse(Response):
             await send({"type": "http.response.body", "body": event, "more_body": True})
 
         try:
-            await until_disconnect(receive, self._pump(send_event))
-        except ClientGone:
-            return
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+            async with asyncio.timeout_at(self._deadline + END_GRACE_S):
+                try:
+                    await until_disconnect(receive, self._pump(send_event))
+                except ClientGone:
+                    return
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except TimeoutError:
+            # The pump has settled; uvicorn closes a connection whose response is unfinished.
+            logger.warning("a stream's client read nothing past the deadline; dropped")

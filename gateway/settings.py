@@ -49,9 +49,16 @@ class GatewaySettings(BaseSettings):
     health_interval_s: float = 1.0
     health_timeout_s: float = 1.0
 
+    #: The longest a request may run, from its arrival to its last byte, streaming or not.
+    #: Then a stream ends with an error event and a non-streaming request gets a 504; what
+    #: was generated is billed. Billing renews a request's reservation until then.
+    max_request_duration_s: float = Field(1800.0, gt=0)
+
     max_body_bytes: int = 4 * 1024 * 1024
     max_messages: int = 1024
     max_n: int = 16
+    #: Prompts in one /v1/completions request (each one runs ``n`` sequences).
+    max_prompts: int = Field(64, ge=1)
     #: Per-tier output caps; an unset ``max_tokens`` is sent as the cap (vLLM clamps it to
     #: the context left), a larger one is refused with 400.
     fast_max_tokens: int = 8192

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import logging
 from dataclasses import dataclass, field
 
@@ -34,6 +35,8 @@ class Replica:
     pool: ConnectionPool | None = None
     healthy: bool = True
     outstanding: int = 0
+    #: The context length its engine reports (``GET /v1/models``); None until it has.
+    max_model_len: int | None = None
 
     @property
     def client(self) -> ConnectionPool:
@@ -70,6 +73,10 @@ class UpstreamPool:
         self._retries = metrics.upstream_retries.labels(tier)
         self._healthy_gauge = metrics.upstream_healthy.labels(tier)
         metrics.upstream_replicas.labels(tier).set(len(replicas))
+        #: The longest context of the pool's engines, once every replica has reported its
+        #: own: admission caps each sequence's output by it (vLLM clamps to it). None
+        #: while any replica is unknown, so the cap is never below a real engine's.
+        self.max_model_len: int | None = None
         self.refresh_gauge()
 
     @property
@@ -78,6 +85,9 @@ class UpstreamPool:
 
     def refresh_gauge(self) -> None:
         self._healthy_gauge.set(self.healthy_count)
+        lengths = [replica.max_model_len for replica in self.replicas]
+        known = [length for length in lengths if length is not None]
+        self.max_model_len = max(known) if known and len(known) == len(lengths) else None
 
     def count_error(self, kind: str) -> None:
         self._errors[kind].inc()
@@ -98,15 +108,18 @@ class UpstreamPool:
         rotated = candidates[start:] + candidates[:start]
         return min(rotated, key=lambda replica: replica.outstanding)
 
-    async def open(self, path: str, content: bytes, headers: dict[str, str]) -> UpstreamResponse:
-        tried: set[Replica] = set()
+    async def open(
+        self, path: str, content: bytes, headers: dict[str, str], avoid: Replica | None = None
+    ) -> UpstreamResponse:
+        """Send to the best replica (never ``avoid``: it just failed this request)."""
+        tried: set[Replica] = set() if avoid is None else {avoid}
         last_error = "no upstream replica configured"
         turn = next(self._rotation)
         for attempt in range(2):
             replica = self.pick(tried, turn)
             if replica is None:
                 break
-            if attempt:
+            if attempt or avoid is not None:
                 self._retries.inc()
             tried.add(replica)
             replica.outstanding += 1
@@ -186,10 +199,30 @@ class Upstreams:
             if healthy != replica.healthy:
                 logger.warning("upstream %s healthy=%s", replica.url, healthy)
             replica.healthy = healthy
+            # A replica that comes back may have been redeployed with another context.
+            if not healthy:
+                replica.max_model_len = None
+            elif replica.max_model_len is None:
+                replica.max_model_len = await self._context_length(replica)
 
         await asyncio.gather(*(probe(replica) for replica in self.replicas.values()))
         for pool in self.pools.values():
             pool.refresh_gauge()
+
+    async def _context_length(self, replica: Replica) -> int | None:
+        """The longest ``max_model_len`` the replica's ``/v1/models`` lists (vLLM's field)."""
+        try:
+            status, body = await asyncio.wait_for(
+                replica.client.get("/v1/models"), self._health_timeout_s
+            )
+            models = json.loads(body).get("data") if status == 200 else None
+        except (TimeoutError, UpstreamConnectError, UpstreamReadTimeout, OSError, ValueError):
+            return None
+        if not isinstance(models, list):
+            return None
+        lengths = [m.get("max_model_len") for m in models if isinstance(m, dict)]
+        valid = [length for length in lengths if isinstance(length, int) and length > 0]
+        return max(valid) if valid else None
 
     async def _health_loop(self) -> None:
         while True:

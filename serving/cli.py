@@ -16,15 +16,21 @@ VARIANTS = ("standard", "fast", "shared")
 def build_tiny(
     out: Annotated[Path, typer.Option(help="Directory to write the checkpoint to (replaced).")],
     seed: Annotated[int, typer.Option(help="Seed for the random weights.")] = 0,
+    architecture: Annotated[
+        str,
+        typer.Option(
+            help="deepseek_v3 (composer-2.5's) or qwen3_moe (non-MLA: prefix caching on CPU)."
+        ),
+    ] = "deepseek_v3",
 ) -> None:
-    """Build the tiny random DeepSeek-V3 checkpoint (HF format) used in dev, tests and CI.
+    """Build a tiny random checkpoint (HF format) used in dev, tests and CI.
 
     Same seed, same bytes. Nothing is downloaded.
     """
     from serving.tiny import build_tiny_checkpoint
 
     try:
-        path = build_tiny_checkpoint(out, seed=seed)
+        path = build_tiny_checkpoint(out, seed=seed, architecture=architecture)
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

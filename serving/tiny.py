@@ -1,9 +1,16 @@
-"""Build the tiny DeepSeek-V3 checkpoint used in development, tests and CI.
+"""Build the tiny checkpoints used in development, tests and CI.
 
-Everything is made here, from a seed: random weights through transformers' own
-``DeepseekV3ForCausalLM`` and a byte-level BPE tokenizer trained with ``tokenizers`` on a
-fixed corpus. Nothing is downloaded. The sizes are the smallest that vLLM's CPU build
-accepts: head_dim 64 for attention, kv_lora_rank 512 with a rope head dim of 64 for MLA.
+Everything is made here, from a seed: random weights through transformers' own model
+classes and a byte-level BPE tokenizer trained with ``tokenizers`` on a fixed corpus.
+Nothing is downloaded. The sizes are the smallest that vLLM's CPU build accepts: head_dim
+64 for attention, kv_lora_rank 512 with a rope head dim of 64 for MLA.
+
+Two architectures share the tokenizer and chat template:
+
+- ``deepseek_v3`` (the default): the composer-2.5 architecture, MLA attention.
+- ``qwen3_moe``: a non-MLA MoE of the same size. vLLM's CPU build turns prefix caching off
+  for MLA models, so this is the checkpoint that shows real cached input tokens on CPU
+  (cached-token billing, prefix-aware routing); on GPUs the DeepSeek-V3 one caches too.
 """
 
 from __future__ import annotations
@@ -78,50 +85,74 @@ def train_tokenizer() -> Any:
     return tokenizer
 
 
+ARCHITECTURES = ("deepseek_v3", "qwen3_moe")
+
+
+# What both tiny architectures share: the same size, tokenizer-independent.
+_COMMON: dict[str, Any] = {
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "moe_intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "num_experts_per_tok": 2,
+    "norm_topk_prob": True,
+    "hidden_act": "silu",
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "attention_bias": False,
+    "tie_word_embeddings": False,
+    "initializer_range": 0.02,
+}
+
+
+def tiny_qwen3_moe_config(vocab_size: int) -> dict[str, Any]:
+    """A Qwen3-MoE of the DeepSeek-V3 checkpoint's size, with ordinary (non-MLA) attention."""
+    return {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "vocab_size": vocab_size,
+        **_COMMON,
+        "head_dim": 64,
+        "num_experts": 8,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+    }
+
+
 def tiny_config(vocab_size: int) -> dict[str, Any]:
     """The DeepSeek-V3 hyper-parameters of the tiny checkpoint."""
     return {
         "architectures": ["DeepseekV3ForCausalLM"],
         "model_type": "deepseek_v3",
         "vocab_size": vocab_size,
-        "hidden_size": 128,
-        "intermediate_size": 256,
-        "moe_intermediate_size": 64,
-        "num_hidden_layers": 2,
+        **_COMMON,
         "first_k_dense_replace": 1,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 2,
         "q_lora_rank": 96,
         "kv_lora_rank": 512,
         "qk_nope_head_dim": 64,
         "qk_rope_head_dim": 64,
         "v_head_dim": 64,
         "n_routed_experts": 8,
-        "num_experts_per_tok": 2,
         "n_shared_experts": 1,
         "n_group": 1,
         "topk_group": 1,
         "topk_method": "noaux_tc",
         "scoring_func": "sigmoid",
-        "norm_topk_prob": True,
         "routed_scaling_factor": 2.5,
-        "hidden_act": "silu",
-        "max_position_embeddings": 4096,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 10000.0,
-        "attention_bias": False,
-        "tie_word_embeddings": False,
-        "initializer_range": 0.02,
     }
 
 
-def build_tiny_checkpoint(out: Path, seed: int = 0) -> Path:
+def build_tiny_checkpoint(out: Path, seed: int = 0, architecture: str = "deepseek_v3") -> Path:
     """Write a complete HF checkpoint to ``out``; the same seed gives the same bytes."""
     import torch
-    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
     if seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed}")
+    if architecture not in ARCHITECTURES:
+        raise ValueError(f"architecture must be one of {', '.join(ARCHITECTURES)}")
     out = Path(out)
     if out.exists():
         if any(out.iterdir()) and not (out / "config.json").exists():
@@ -136,22 +167,15 @@ def build_tiny_checkpoint(out: Path, seed: int = 0) -> Path:
     # Pad the embedding to a multiple of 64, as real checkpoints do.
     padded_vocab = (vocab_size + 63) // 64 * 64
 
-    cfg = tiny_config(padded_vocab)
+    config_of = tiny_config if architecture == "deepseek_v3" else tiny_qwen3_moe_config
+    cfg = config_of(padded_vocab)
     cfg.update(
         bos_token_id=special_ids[BOS],
         eos_token_id=special_ids[EOS],
         pad_token_id=special_ids[PAD],
     )
-    config = DeepseekV3Config(**{k: v for k, v in cfg.items() if k != "architectures"})
     torch.manual_seed(seed)
-    model = DeepseekV3ForCausalLM(config).eval()
-    with torch.no_grad():
-        # transformers starts the routing bias at zero; a small seeded bias makes the
-        # checkpoint exercise the noaux_tc correction path that vLLM must honour.
-        for name, buf in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                buf.copy_(torch.randn(buf.shape) * 0.01)
-    model.save_pretrained(out, safe_serialization=True)
+    _random_model(cfg).save_pretrained(out, safe_serialization=True)
 
     # Rewrite config.json ourselves: deterministic key order, and the DeepSeek fields vLLM
     # reads (topk_method, scoring_func) that transformers' config class may not persist.
@@ -183,3 +207,25 @@ def build_tiny_checkpoint(out: Path, seed: int = 0) -> Path:
         json.dumps({"bos_token": BOS, "eos_token": EOS, "pad_token": PAD}, indent=2)
     )
     return out
+
+
+def _random_model(cfg: dict[str, Any]) -> Any:
+    import torch
+    from transformers import (
+        DeepseekV3Config,
+        DeepseekV3ForCausalLM,
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
+    )
+
+    values = {k: v for k, v in cfg.items() if k != "architectures"}
+    if cfg["model_type"] == "qwen3_moe":
+        return Qwen3MoeForCausalLM(Qwen3MoeConfig(**values)).eval()
+    model = DeepseekV3ForCausalLM(DeepseekV3Config(**values)).eval()
+    with torch.no_grad():
+        # transformers starts the routing bias at zero; a small seeded bias makes the
+        # checkpoint exercise the noaux_tc correction path that vLLM must honour.
+        for name, buf in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buf.copy_(torch.randn(buf.shape) * 0.01)
+    return model

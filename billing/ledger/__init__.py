@@ -3,9 +3,9 @@
 from billing.ledger.database import make_engine, migrate
 from billing.ledger.schema import (
     Base,
+    InvoiceChange,
     OrgSuspension,
-    StripeMeterEvent,
-    StripeReportedUsage,
+    StripeInvoiceItem,
     StripeWebhookEvent,
     UsageAdjustment,
     UsageRow,
@@ -14,9 +14,9 @@ from billing.ledger.writes import add_adjustment, insert_usage_events
 
 __all__ = [
     "Base",
+    "InvoiceChange",
     "OrgSuspension",
-    "StripeMeterEvent",
-    "StripeReportedUsage",
+    "StripeInvoiceItem",
     "StripeWebhookEvent",
     "UsageAdjustment",
     "UsageRow",

@@ -2,14 +2,14 @@
 
 ``usage_events`` is append-only (the migration installs triggers that refuse UPDATE and
 DELETE): a correction is a row in ``usage_adjustments``, and Stripe reporting state lives
-in its own tables so that marking usage as reported never touches a usage row.
+in its own tables (changed invoices, invoice items) so that it never touches a usage row.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sqlalchemy import BigInteger, DateTime, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import BigInteger, DateTime, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
@@ -85,34 +85,57 @@ class UsageAdjustment(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
-class StripeMeterEvent(Base):
-    """One meter event to send (or sent) to Stripe; ``identifier`` is also the idempotency key."""
+class InvoiceChange(Base):
+    """An (org, period) whose invoice changed since Stripe sync last planned it.
 
-    __tablename__ = "stripe_meter_events"
+    Every ledger write bumps ``changes`` in its own transaction; the planner reads the
+    count, mirrors the invoice into Stripe items and deletes the row only if the count is
+    still what it read, so a write that lands meanwhile leaves the period queued.
+    """
+
+    __tablename__ = "stripe_invoice_changes"
+
+    org_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    #: ``YYYY-MM``, the UTC calendar month (string order is time order).
+    period: Mapped[str] = mapped_column(String(7), primary_key=True)
+    changes: Mapped[int] = mapped_column(BigInteger)
+
+
+class StripeInvoiceItem(Base):
+    """One Stripe invoice item to post (or posted): a delta of one invoice line.
+
+    The items of an (org, period, line key) add up to what the ledger's invoice line was
+    when last planned; each new delta is the next ``revision``, and the idempotency key
+    is derived from (org, period, line key, revision), so a resend is never a second item.
+    """
+
+    __tablename__ = "stripe_invoice_items"
 
     id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
-    identifier: Mapped[str] = mapped_column(String(100), unique=True)
+    org_id: Mapped[str] = mapped_column(String(200))
+    period: Mapped[str] = mapped_column(String(7))
+    line_key: Mapped[str] = mapped_column(String(200))
+    revision: Mapped[int] = mapped_column(Integer)
     customer_id: Mapped[str] = mapped_column(String(200))
-    event_name: Mapped[str] = mapped_column(String(100))
-    minute: Mapped[datetime] = mapped_column(UTCDateTime)
-    value: Mapped[int] = mapped_column(BigInteger)
+    #: Signed integer cents (credits are negative), in USD.
+    amount_cents: Mapped[int] = mapped_column(BigInteger)
+    description: Mapped[str] = mapped_column(Text)
+    idempotency_key: Mapped[str] = mapped_column(String(255), unique=True)
     status: Mapped[str] = mapped_column(String(20), default="pending", index=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     next_attempt_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    #: Set before the first request leaves, so a resend after Stripe's idempotency window
+    #: knows to look for the item first.
+    first_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     last_error: Mapped[str | None] = mapped_column(Text)
+    stripe_item_id: Mapped[str | None] = mapped_column(String(100))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     sent_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
-
-class StripeReportedUsage(Base):
-    """Marks a usage row as included in a Stripe batch (one batch per customer/tier/minute)."""
-
-    __tablename__ = "stripe_reported_usage"
-
-    event_id: Mapped[str] = mapped_column(
-        String(200), ForeignKey("usage_events.event_id"), primary_key=True
+    __table_args__ = (
+        UniqueConstraint("org_id", "period", "line_key", "revision"),
+        Index("ix_stripe_invoice_items_org_period", "org_id", "period"),
     )
-    batch: Mapped[str] = mapped_column(String(100), index=True)
 
 
 class StripeWebhookEvent(Base):

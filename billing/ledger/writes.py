@@ -1,4 +1,8 @@
-"""Writing the ledger: usage rows deduplicated by event id, and adjustment rows."""
+"""Writing the ledger: usage rows deduplicated by event id, and adjustment rows.
+
+Every write also queues the (org, period) it changes for Stripe sync, in the same
+transaction, so the sync never has to scan usage to find what changed.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from sqlalchemy import Connection, Insert
 from sqlalchemy.dialects import postgresql, sqlite
 
 from billing.events import UsageEvent
-from billing.ledger.schema import UsageAdjustment, UsageRow
+from billing.ledger.schema import InvoiceChange, UsageAdjustment, UsageRow
 
 
 def dialect_insert(connection: Connection, table: Any) -> Any:
@@ -24,6 +28,27 @@ def dialect_insert(connection: Connection, table: Any) -> Any:
 
 def insert_ignoring_duplicates(connection: Connection, table: Any, key: str) -> Insert:
     return dialect_insert(connection, table).on_conflict_do_nothing(index_elements=[key])  # type: ignore[no-any-return]
+
+
+def period_of(at: datetime) -> str:
+    """The billing period (UTC calendar month, ``YYYY-MM``) an instant falls in."""
+    return at.astimezone(UTC).strftime("%Y-%m")
+
+
+def queue_invoice_changes(connection: Connection, changed: set[tuple[str, str]]) -> None:
+    """Count a change to each (org, period) invoice; Stripe sync re-plans those periods."""
+    if not changed:
+        return
+    statement = dialect_insert(connection, InvoiceChange.__table__)
+    statement = statement.on_conflict_do_update(
+        index_elements=["org_id", "period"],
+        set_={"changes": InvoiceChange.__table__.c.changes + 1},
+    )
+    # Sorted, so concurrent writers lock the rows in one order and cannot deadlock.
+    connection.execute(
+        statement,
+        [{"org_id": org, "period": period, "changes": 1} for org, period in sorted(changed)],
+    )
 
 
 def usage_row_values(event: UsageEvent, recorded_at: datetime) -> dict[str, Any]:
@@ -46,7 +71,12 @@ def insert_usage_events(connection: Connection, events: Sequence[UsageEvent]) ->
     result = connection.execute(
         statement.returning(UsageRow.event_id), [usage_row_values(e, now) for e in events]
     )
-    return len(result.all())
+    inserted = {row.event_id for row in result.all()}
+    queue_invoice_changes(
+        connection,
+        {(e.org_id, period_of(e.started_at)) for e in events if e.event_id in inserted},
+    )
+    return len(inserted)
 
 
 def add_adjustment(
@@ -63,6 +93,7 @@ def add_adjustment(
 ) -> bool:
     """Record a correction; idempotent by ``adjustment_id``. Returns whether it was new."""
     now = datetime.now(UTC)
+    effective = effective_at or now
     statement = insert_ignoring_duplicates(
         connection, UsageAdjustment.__table__, "adjustment_id"
     ).values(
@@ -70,12 +101,14 @@ def add_adjustment(
         org_id=org_id,
         event_id=event_id,
         tier=tier,
-        effective_at=effective_at or now,
+        effective_at=effective,
         list_cost_delta_nano_usd=list_cost_delta_nano_usd,
         allowance_delta_nano_usd=allowance_delta_nano_usd,
         reason=reason,
         created_at=now,
     )
-    return (
-        connection.execute(statement.returning(UsageAdjustment.adjustment_id)).first() is not None
-    )
+    added = connection.execute(statement.returning(UsageAdjustment.adjustment_id)).first()
+    if added is None:
+        return False
+    queue_invoice_changes(connection, {(org_id, period_of(effective))})
+    return True

@@ -34,12 +34,44 @@ def shipped_book() -> dict[str, Any]:
     return dict(yaml.safe_load(DEFAULT_PRICEBOOK_PATH.read_text()))
 
 
-def write_book(path: Path, *, promotions: bool = False, **plans: dict[str, Any]) -> Path:
-    """The shipped price book, with extra plans and (by default) no promotion running."""
-    book = shipped_book()
-    if not promotions:
-        book["promotions"] = []
-    book["plans"].update(plans)
+#: The launch prices as the tests' own price version. Tests that price "now" (admission,
+#: settlement) must not follow the shipped book: a new shipped version or a promotion
+#: window would change their outcome on the day it starts.
+TEST_VERSIONS: list[dict[str, Any]] = [
+    {
+        "version": "2026-11-01",
+        "effective_from": "2026-11-01T00:00:00Z",
+        "tiers": {
+            "standard": {"input_per_1m": "0.50", "output_per_1m": "2.50"},
+            "fast": {"input_per_1m": "3.00", "output_per_1m": "15.00"},
+        },
+    }
+]
+
+
+def write_book(
+    path: Path, *, promotions: list[dict[str, Any]] | None = None, **plans: dict[str, Any]
+) -> Path:
+    """The shipped plans plus ``plans``, priced by ``TEST_VERSIONS``, with no promotion
+    unless the test gives its own (with fixed instants)."""
+    return write_test_book(
+        path,
+        versions=TEST_VERSIONS,
+        plans={**shipped_book()["plans"], **plans},
+        promotions=promotions,
+    )
+
+
+def write_test_book(
+    path: Path,
+    *,
+    versions: list[dict[str, Any]],
+    plans: dict[str, dict[str, Any]],
+    promotions: list[dict[str, Any]] | None = None,
+) -> Path:
+    """A price book written out in full by the test: nothing from the shipped one, so no
+    outcome depends on today's date relative to the shipped versions and promotions."""
+    book = {"versions": versions, "plans": plans, "promotions": promotions or []}
     path.write_text(yaml.safe_dump(book))
     return path
 
@@ -182,5 +214,9 @@ class StripeStandIn:
             return []
         return [json.loads(line) for line in self.record.read_text().splitlines() if line]
 
-    def accepted(self) -> list[dict[str, Any]]:
-        return [r for r in self.requests() if r["result"] == "accepted"]
+    def accepted(self, path: str = "/v1/invoiceitems") -> list[dict[str, Any]]:
+        """Requests to ``path`` that Stripe executed (not replays, failures or refusals)."""
+        return [r for r in self.requests() if r["path"] == path and r["result"] == "accepted"]
+
+    def results(self, path: str = "/v1/invoiceitems") -> list[str]:
+        return [r["result"] for r in self.requests() if r["path"] == path]

@@ -3,9 +3,11 @@ reservation's lifecycle, suspension and the usage event each request emits."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 from billing_support import admission_request, usage_for
@@ -147,3 +149,74 @@ async def test_suspended_org_is_refused(meter: RedisMeter) -> None:
 async def test_unknown_plan_is_refused_by_name(meter: RedisMeter) -> None:
     with pytest.raises(AdmissionRefused, match="plan 'platinum' is not in the price book"):
         await meter.admit(admission_request(plan="platinum"))
+
+
+async def test_a_request_in_flight_keeps_its_reservation_past_the_ttl(
+    billing_settings: BillingSettings,
+) -> None:
+    """The process renews the reservations of its requests in flight (one call per third
+    of the TTL), so a long stream keeps its money held; once settled it is not renewed,
+    and a process that died (no renewals) lets its reservations lapse."""
+    settings = billing_settings.model_copy(update={"reservation_ttl_s": 2})
+    meter = RedisMeter(settings)
+    dead = RedisMeter(settings)
+    try:
+        long_running = [await meter.admit(admission_request(org="org-long", plan="tiny"))]
+        long_running += [await dead.admit(admission_request(org="org-long", plan="tiny"))]
+        await dead.aclose()  # its renewals stop here, as if the gateway had crashed
+        for _ in range(45):
+            await meter.admit(admission_request(org="org-long", plan="tiny"))
+        with pytest.raises(AdmissionRefused):
+            await meter.admit(admission_request(org="org-long", plan="tiny"))
+        await asyncio.sleep(5)  # two and a half TTLs: only renewals keep the live ones held
+        # The dead process's one reservation lapsed: exactly one more request fits.
+        await meter.admit(admission_request(org="org-long", plan="tiny"))
+        with pytest.raises(AdmissionRefused):
+            await meter.admit(admission_request(org="org-long", plan="tiny"))
+        period = str(long_running[0].reservation_id).split("/")[0]
+        held = await meter.redis.zrange(budget_prefix("org-long") + period + ":resv", 0, -1)
+        assert long_running[0].request.request_id.encode() in held
+        assert long_running[1].request.request_id.encode() not in held
+
+        await meter.settle(long_running[0], usage_for(long_running[0].request, completion=50))
+        assert len(meter.reservations) == 46  # settled: no longer renewed
+    finally:
+        await meter.aclose()
+
+
+async def test_renewal_stops_after_the_requests_maximum_duration(
+    billing_settings: BillingSettings,
+) -> None:
+    """A request that is never settled (a bug) is renewed for its maximum duration plus
+    one TTL at most, so it cannot hold budget for ever."""
+    meter = RedisMeter(billing_settings.model_copy(update={"reservation_ttl_s": 1}))
+    try:
+        request = admission_request(org="org-leak", plan="tiny")
+        leaked = await meter.admit(replace(request, max_duration_s=0.0))
+        assert await meter.reservations.renew_now() == 1
+        time.sleep(1.1)
+        assert await meter.reservations.renew_now() == 0
+        assert len(meter.reservations) == 0
+        assert leaked.reservation_id
+    finally:
+        await meter.aclose()
+
+
+@pytest.mark.parametrize(
+    ("prompt", "max_output", "refused_as"),
+    [(100, 50, None), (100, 20_000, "more than the key's limit")],
+)
+async def test_tokens_per_minute_count_every_prompt_and_choice(
+    meter: RedisMeter, prompt: int, max_output: int, refused_as: str | None
+) -> None:
+    """``max_output_tokens`` is the whole request's (prompts x n x max_tokens): the
+    tokens-per-minute limit applies to all of it."""
+    request = admission_request(key="key-tpm-shape", plan="limited", prompt=prompt,
+                                max_output=max_output)  # fmt: skip
+    if refused_as is None:
+        admission = await meter.admit(request)
+        assert admission.headers["x-ratelimit-remaining-tokens"] == str(1000 - 150)
+        return
+    with pytest.raises(AdmissionRefused, match=refused_as) as refused:
+        await meter.admit(request)
+    assert "fewer prompts" in refused.value.message

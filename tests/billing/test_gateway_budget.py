@@ -6,17 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 import redis
-from billing_support import port_open, settings_env, wait_for
+from gateway_processes import gateway_processes
 from redis.asyncio import Redis
 
 from billing.consumer import UsageStreamConsumer
@@ -25,17 +21,9 @@ from billing.pricing import load_pricebook
 from billing.redis_meter import budget_prefix
 from billing.settings import BillingSettings
 from gateway.keys import KeyStore
-from serving.process import free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="session")]
 MAX_TOKENS = 8
-
-
-def ready(port: int) -> bool:
-    """Listening, and its upstream health checks have passed (/readyz)."""
-    if not port_open(port):
-        return False
-    return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 200
 
 
 @pytest.fixture
@@ -46,37 +34,8 @@ def gateways(
     # Redis call that times out fails closed ("temporarily unavailable"), which is safe
     # but is not what this test is about.
     values = {**billing_settings.model_dump(), "redis_timeout_s": 15}
-    urls: list[str] = []
-    ports: list[int] = []
-    processes: list[subprocess.Popen[bytes]] = []
-    for index in range(2):
-        port = free_port()
-        env = settings_env({**values, "port": port, "upstream_url": vllm_url})
-        log = (tmp_path / f"gateway-{index}.log").open("wb")
-        processes.append(
-            subprocess.Popen(
-                [sys.executable, str(Path(__file__).with_name("metered_gateway.py"))],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        )
-        urls.append(f"http://127.0.0.1:{port}")
-        ports.append(port)
-    for port in ports:  # both start at once; wait for each
-        wait_for(lambda p=port: ready(p), 120, f"the gateway on port {port} to be ready")  # type: ignore[misc]
-    yield urls
-    for process in processes:
-        process.terminate()
-    for process in processes:
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.send_signal(signal.SIGUSR1)  # stacks into its log, then kill it
-            time.sleep(1)
-            process.kill()
-            process.wait(timeout=10)
-            raise AssertionError("a gateway did not shut down within 30 s of SIGTERM") from None
+    with gateway_processes(values, vllm_url, tmp_path) as urls:
+        yield urls
 
 
 async def test_two_gateways_200_concurrent_requests_stay_within_budget(

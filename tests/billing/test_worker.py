@@ -1,12 +1,15 @@
 """The real billing worker (`cstack worker billing` + `cstack beat`, Celery on Redis) is
 SIGKILLed mid-batch and restarted: every usage event ends up in the ledger exactly once.
-The entries the killed worker had read but not acknowledged are reclaimed (XAUTOCLAIM)."""
+The entries the killed worker had read but not acknowledged are reclaimed (XAUTOCLAIM).
+Meanwhile the worker posts the running month to Stripe as it fills (every sync adds
+deltas), and in the end Stripe's items add up to the ledger's invoice lines."""
 
 from __future__ import annotations
 
 import sqlite3
+from collections import defaultdict
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import redis
 from billing_support import Process, StripeStandIn, wait_for
@@ -14,21 +17,25 @@ from pydantic import SecretStr
 from sqlalchemy import func, select
 
 from billing.events import UsageEvent
+from billing.invoice import invoice_preview
 from billing.ledger import UsageRow, make_engine, migrate
+from billing.pricing import load_pricebook
 from billing.settings import BillingSettings
+from billing.stripe_api import list_invoice_items, stripe_client
 
 EVENTS = 3000
-CUSTOMERS = ("cus_W0", "cus_W1")
+ORGS = {"org-worker-0": "cus_W0", "org-worker-1": "cus_W1"}
+#: A fixed instant: the sync posts open months too here (stripe_post_open_periods).
+AT = datetime(2026, 11, 15, 12, 0, tzinfo=UTC)
 
 
 def usage_event(n: int) -> UsageEvent:
-    # Minutes ago, so that its minute is closed and reported to Stripe right away.
-    at = datetime.now(UTC) - timedelta(minutes=3)
+    org = f"org-worker-{n % 2}"
     return UsageEvent(
         event_id=f"worker-{n}",
-        org_id="org-worker",
+        org_id=org,
         key_id="key-1",
-        customer_id=CUSTOMERS[n % 2],
+        customer_id=ORGS[org],
         plan="pro",
         model="composer-2.5",
         tier="standard",
@@ -38,8 +45,8 @@ def usage_event(n: int) -> UsageEvent:
         list_cost_nano_usd=n * 500 + 2500,
         allowance_consumed_nano_usd=n * 500 + 2500,
         price_version="2026-11-01",
-        started_at=at,
-        ended_at=at,
+        started_at=AT,
+        ended_at=AT,
         outcome="complete",
     )
 
@@ -59,6 +66,7 @@ def test_worker_killed_mid_batch_then_restarted_writes_each_event_once(
             "stripe_api_key": SecretStr("sk_test_worker"),
             "stripe_sync_interval_s": 0.5,
             "stripe_retry_base_s": 0.5,
+            "stripe_post_open_periods": True,
         }
     )
     client = redis.Redis.from_url(settings.redis_url)
@@ -112,26 +120,28 @@ def test_worker_killed_mid_batch_then_restarted_writes_each_event_once(
     assert client.xlen(settings.usage_stream) == 0
     assert client.xlen(settings.usage_dead_letter_stream) == 0
 
-    # Meanwhile the worker reported the usage to Stripe (through injected failures and the
-    # kill): each meter event accepted once, and the values add up to the ledger.
+    # Meanwhile the worker posted the month to Stripe as it filled (through injected
+    # failures and the kill): each item accepted once, and Stripe's items per line add up
+    # to the ledger's invoice, read back through stripe-python.
+    book = load_pricebook(settings.pricebook_path)
     expected = {
-        (customer, f"composer_standard_{direction}_tokens"): sum(
-            (n if direction == "input" else 1)
-            for n in range(EVENTS)
-            if CUSTOMERS[n % 2] == customer
-        )
-        for customer in CUSTOMERS
-        for direction in ("input", "output")
+        (org, line.key): line.amount_cents
+        for org in ORGS
+        for line in invoice_preview(engine, book, org, "2026-11").lines
+        if line.amount_cents
     }
+    client_api = stripe_client(settings)
 
-    def reported() -> dict[tuple[str, str], int]:
-        totals: dict[tuple[str, str], int] = {}
-        for record in stripe.accepted():
-            key = (record["customer"], record["event_name"])
-            totals[key] = totals.get(key, 0) + int(record["value"])
-        return totals
+    def posted() -> dict[tuple[str, str], int]:
+        totals: dict[tuple[str, str], int] = defaultdict(int)
+        for customer in ORGS.values():
+            for item in list_invoice_items(client_api, customer):
+                totals[(item.metadata["cstack_org"], item.metadata["cstack_line"])] += (
+                    item.amount_cents
+                )
+        return {key: cents for key, cents in totals.items() if cents}
 
-    wait_for(lambda: reported() == expected, 120, "Stripe to have all the usage")
-    identifiers = [record["identifier"] for record in stripe.accepted()]
-    assert len(identifiers) == len(set(identifiers))
-    assert any(r["result"] == "failed" for r in stripe.requests())
+    wait_for(lambda: posted() == expected, 120, "Stripe to have the ledger's invoices")
+    keys = [record["idempotency_key"] for record in stripe.accepted()]
+    assert len(keys) == len(set(keys))
+    assert "failed" in stripe.results()

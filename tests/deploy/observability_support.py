@@ -1,5 +1,5 @@
 """Real processes for the observability test: a gateway with the real billing meter, a
-Prometheus server, a stand-in for Stripe's meter-event endpoint, and the PromQL that the
+Prometheus server, a stand-in for Stripe's invoice-item endpoint, and the PromQL that the
 dashboards and alert rules hold."""
 
 from __future__ import annotations
@@ -121,30 +121,40 @@ def create_api_key(redis_url: str, org: str, plan: str, customer_id: str) -> str
 
 
 class StripeStandIn:
-    """Answers ``POST /v1/billing/meter_events`` as Stripe does and records each event."""
+    """Answers ``POST /v1/invoiceitems`` as Stripe does and records each item.
+
+    (tests/billing/stripe_server.py is the full stand-in, with idempotency keys, listing
+    and upcoming invoices; here only the worker's posts need an answer.)
+    """
 
     def __init__(self) -> None:
-        self.events: list[dict[str, str]] = []
-        events = self.events
+        self.items: list[dict[str, str]] = []
+        items = self.items
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 form = dict(parse_qsl(body.decode()))
-                if self.path != "/v1/billing/meter_events":
+                if self.path != "/v1/invoiceitems":
                     self._reply(404, {"error": {"message": "no such path"}})
                     return
-                events.append(form)
+                items.append(form)
+                now = int(time.time())
                 self._reply(
                     200,
                     {
-                        "object": "billing.meter_event",
-                        "event_name": form.get("event_name"),
-                        "identifier": form.get("identifier"),
-                        "created": int(time.time()),
+                        "id": f"ii_{len(items):08d}",
+                        "object": "invoiceitem",
+                        "amount": int(form.get("amount", 0)),
+                        "currency": form.get("currency", "usd"),
+                        "customer": form.get("customer"),
+                        "date": now,
+                        "description": form.get("description"),
+                        "invoice": None,
                         "livemode": False,
-                        "payload": {},
-                        "timestamp": int(form.get("timestamp", time.time())),
+                        "metadata": {},
+                        "period": {"start": now, "end": now},
+                        "quantity": 1,
                     },
                 )
 
@@ -218,6 +228,22 @@ class PrometheusApi:
 def billing_env(tmp: Path, redis_url: str, stripe_url: str, metrics_port: int) -> dict[str, str]:
     book = yaml.safe_load((REPO / "billing" / "pricebook.yaml").read_text())
     book["plans"].update(TEST_PLANS)
+    # The traffic happens now: the shipped launch promotion would change what it consumes
+    # of the allowances depending on the day the test runs.
+    book["promotions"] = []
+    # A thousand times the list prices, from a fixed instant: the test's few short requests
+    # then come to whole cents, so the worker has invoice items to post to Stripe (a line
+    # that rounds to $0.00 needs none), and no shipped price change moves the outcome.
+    book["versions"] = [
+        {
+            "version": "observability",
+            "effective_from": "2026-01-01T00:00:00Z",
+            "tiers": {
+                "standard": {"input_per_1m": "500.00", "output_per_1m": "2500.00"},
+                "fast": {"input_per_1m": "3000.00", "output_per_1m": "15000.00"},
+            },
+        }
+    ]
     (tmp / "pricebook.yaml").write_text(yaml.safe_dump(book))
     suffix = uuid.uuid4().hex[:8]
     return {
@@ -230,7 +256,8 @@ def billing_env(tmp: Path, redis_url: str, stripe_url: str, metrics_port: int) -
         "CSTACK_BEAT_SCHEDULE_FILE": str(tmp / "beat-schedule"),
         "CSTACK_LEDGER_DRAIN_INTERVAL_S": "0.5",
         "CSTACK_STRIPE_SYNC_INTERVAL_S": "1",
-        "CSTACK_STRIPE_MINUTE_GRACE_S": "0",
+        # Post the running month on every sync, so the worker's Stripe metrics move.
+        "CSTACK_STRIPE_POST_OPEN_PERIODS": "true",
         "CSTACK_STRIPE_API_KEY": "sk_test_observability",
         "CSTACK_STRIPE_API_BASE": stripe_url,
         "CSTACK_METRICS_PORT": str(metrics_port),

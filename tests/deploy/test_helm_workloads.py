@@ -143,6 +143,40 @@ def test_gateway_drains_within_its_pods_termination_grace(render: Render) -> Non
         )
 
 
+def test_gateway_request_duration_and_redis_outage_admission_reach_its_settings(
+    render: Render,
+) -> None:
+    values = {
+        "maxRequestDurationSeconds": 3600,
+        "redisDown": {"admission": "fail_closed", "allowanceNanoUsd": 25_000_000_000,
+                      "allowanceRequests": 1000},
+    }  # fmt: skip
+    cases = [
+        ({}, (1800, "local_allowance", 2_000_000_000, 500)),
+        (values, (3600, "fail_closed", 25_000_000_000, 1000)),
+    ]
+    for gateway_values, expected in cases:
+        manifests = render({**SECRET_REFERENCE, "gateway": gateway_values})
+        env = env_of(containers(find(manifests, "Deployment", "-gateway"))[0])
+        plain = {name: entry["value"] for name, entry in env.items() if "value" in entry}
+        gateway = GatewaySettings.model_validate(
+            {"max_request_duration_s": plain["CSTACK_MAX_REQUEST_DURATION_S"]}
+        )
+        billing = BillingSettings.model_validate(
+            {
+                "admission_when_redis_down": plain["CSTACK_ADMISSION_WHEN_REDIS_DOWN"],
+                "redis_down_allowance_nano_usd": plain["CSTACK_REDIS_DOWN_ALLOWANCE_NANO_USD"],
+                "redis_down_allowance_requests": plain["CSTACK_REDIS_DOWN_ALLOWANCE_REQUESTS"],
+            }
+        )
+        assert (
+            gateway.max_request_duration_s,
+            billing.admission_when_redis_down,
+            billing.redis_down_allowance_nano_usd,
+            billing.redis_down_allowance_requests,
+        ) == expected
+
+
 @pytest.mark.parametrize(
     ("kind", "workload", "settings"),
     [

@@ -3,7 +3,7 @@ expression of the dashboards and alert rules then evaluates and returns data.
 
 The stack: the session's vLLM (both tiers share it, as in the embedded default), a gateway
 with the real billing meter, `cstack worker billing` and `cstack beat` draining the usage
-stream into a SQLite ledger and reporting it to a local stand-in for Stripe's meter-event
+stream into a SQLite ledger and posting it to a local stand-in for Stripe's invoice-item
 endpoint, `cstack train` stepping on the tiny checkpoint, and Debian's `prometheus`
 scraping all four every second with the alert rules loaded. Traffic goes through the
 `openai` SDK, including requests the meter refuses.
@@ -185,18 +185,16 @@ def observed(
             "the first round's series to be scraped",
         )
         codes += send_traffic(gateway.url, redis)
-        # The pipeline's last step: usage in the ledger reported to Stripe (once the
-        # minute it happened in has closed), and Prometheus has scraped that.
+        # The pipeline's last step: usage in the ledger posted to Stripe as invoice items
+        # (the running month, CSTACK_STRIPE_POST_OPEN_PERIODS), and Prometheus has scraped
+        # that. Only the worker's series: pytest's own registry (served by the in-process
+        # gateway) may hold a stale count from the billing tests' in-process syncs.
         wait_until(
-            # rate() needs two samples of the counter, so wait for the second scrape. Only
-            # the worker's series: pytest's own registry (served by the in-process
-            # gateway) may hold a stale count from the billing tests' in-process syncs.
             lambda: api.query(
-                "count_over_time("
-                'cstack_stripe_meter_events_total{result="sent", job="billing-worker"}[5m]) >= 2'
+                'cstack_stripe_invoice_items_total{result="sent", job="billing-worker"} > 0'
             ),
             120,
-            "a Stripe meter event to be sent and scraped",
+            "a Stripe invoice item to be sent and scraped",
         )
         yield ObservedStack(api, env["CSTACK_LEDGER_URL"], stripe, codes)
     finally:
@@ -289,14 +287,14 @@ def test_dashboard_revenue_equals_the_ledgers_list_cost(observed: ObservedStack)
     assert from_metrics == {tier: int(cost) for tier, cost in ledger.items()}
 
 
-def test_stripe_received_the_meter_events_the_metrics_count(observed: ObservedStack) -> None:
+def test_stripe_received_the_invoice_items_the_metrics_count(observed: ObservedStack) -> None:
     # Only the worker's own count: the in-process gateway shares pytest's registry, where
-    # the billing tests' in-process Stripe syncs have already counted events of their own.
+    # the billing tests' in-process Stripe syncs have already counted items of their own.
     sent = observed.prometheus.query(
-        'sum(cstack_stripe_meter_events_total{result="sent", job="billing-worker"})'
+        'sum(cstack_stripe_invoice_items_total{result="sent", job="billing-worker"})'
     )
-    assert len(observed.stripe.events) >= int(float(sent[0]["value"][1])) > 0
-    assert {event["payload[stripe_customer_id]"] for event in observed.stripe.events} == {CUSTOMER}
+    assert len(observed.stripe.items) >= int(float(sent[0]["value"][1])) > 0
+    assert {item["customer"] for item in observed.stripe.items} == {CUSTOMER}
 
 
 def test_gateway_metrics_carry_no_key_or_org_labels(observed: ObservedStack) -> None:

@@ -140,7 +140,11 @@ def test_client_disconnect_mid_stream_aborts_in_vllm(
 
     # vLLM 0.32 does not count client aborts in request_success_total{finished_reason=
     # "abort"}; what shows the abort is that generation stops: nothing left running and
-    # far fewer tokens generated than the 1500 the request would have produced.
+    # far fewer tokens generated than the 1500 the request would have produced. An earlier
+    # test's stalled stream may still be generating: its tokens must not count here.
+    deadline = time.monotonic() + 60
+    while vllm_metric("vllm:num_requests_running") > 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
     tokens_before = vllm_metric("vllm:generation_tokens_total")
     body = {
         "model": "composer-2.5-standard",

@@ -1,0 +1,61 @@
+"""Real gateway processes (``metered_gateway.py``: the app with billing's real Meter) on one
+Redis, for the tests that race several gateways against one budget."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+from billing_support import port_open, settings_env, wait_for
+
+from serving.process import free_port
+
+METERED_GATEWAY = Path(__file__).with_name("metered_gateway.py")
+
+
+def ready(port: int) -> bool:
+    """Listening, and its upstream health checks have passed (/readyz)."""
+    if not port_open(port):
+        return False
+    return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 200
+
+
+@contextmanager
+def gateway_processes(
+    values: dict[str, Any], upstream_url: str, logs: Path, count: int = 2
+) -> Iterator[list[str]]:
+    """``count`` gateways configured with ``values`` (CSTACK_* settings); their base URLs."""
+    ports = [free_port() for _ in range(count)]
+    processes: list[subprocess.Popen[bytes]] = []
+    for index, port in enumerate(ports):
+        env = settings_env({**values, "port": port, "upstream_url": upstream_url})
+        log = (logs / f"gateway-{index}.log").open("wb")
+        command = [sys.executable, str(METERED_GATEWAY)]
+        processes.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
+    try:
+        for port in ports:  # all start at once; wait for each
+            wait_for(lambda p=port: ready(p), 120, f"the gateway on port {port} to be ready")  # type: ignore[misc]
+        yield [f"http://127.0.0.1:{port}" for port in ports]
+    finally:
+        stop(processes)
+
+
+def stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGUSR1)  # stacks into its log, then kill it
+            time.sleep(1)
+            process.kill()
+            process.wait(timeout=10)
+            raise AssertionError("a gateway did not shut down within 30 s of SIGTERM") from None
