@@ -1,5 +1,5 @@
-"""Real processes for the observability test: a gateway with the real billing meter, a
-Prometheus server, a stand-in for Stripe's invoice-item endpoint, and the PromQL that the
+"""Helpers for the observability test: counts read from the gateway, Prometheus and the
+ledger, a Prometheus client, a stand-in for Stripe's invoice-item endpoint, and the PromQL that the
 dashboards and alert rules hold."""
 
 from __future__ import annotations
@@ -18,15 +18,13 @@ from urllib.parse import parse_qsl
 
 import httpx
 import openai
-import uvicorn
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
+from sqlalchemy import create_engine, text
+from sqlalchemy.exc import OperationalError
 
-from billing.meter import Meter
-from billing.reporting import UsageReader
-from gateway.app import create_app
 from gateway.keys import KeyStore
-from gateway.settings import GatewaySettings
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((REPO / "deploy" / "grafana").glob("*.json"))
@@ -75,32 +73,39 @@ def alert_expressions() -> Iterator[tuple[str, str, str]]:
             yield rule["alert"], expr, match["signal"]
 
 
-class ThreadedGateway:
-    """The gateway app served by uvicorn on a free port in a background thread."""
+def gateway_request_count(
+    gateway_url: str, routes: tuple[str, ...] | None = None, status: str | None = None
+) -> int:
+    """The gateway's own ``cstack_requests_total``, summed over the routes and status given."""
+    body = httpx.get(f"{gateway_url}/metrics", timeout=10).text
+    total = 0.0
+    for family in text_string_to_metric_families(body):
+        for sample in family.samples:
+            if sample.name != "cstack_requests_total":
+                continue
+            if routes is not None and sample.labels.get("route") not in routes:
+                continue
+            if status is not None and sample.labels.get("status") != status:
+                continue
+            total += sample.value
+    return int(total)
 
-    def __init__(self, settings: GatewaySettings, meter: Meter, usage: UsageReader) -> None:
-        config = uvicorn.Config(
-            create_app(settings, meter, usage),
-            host="127.0.0.1",
-            port=settings.port,
-            log_level="warning",
-            lifespan="on",
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.url = f"http://127.0.0.1:{settings.port}"
 
-    def start(self) -> ThreadedGateway:
-        self.thread.start()
-        wait_until(
-            lambda: self.server.started or not self.thread.is_alive(), 30, "the gateway to start"
-        )
-        assert self.thread.is_alive(), "the gateway exited while starting"
-        return self
+def scraped_request_count(api: PrometheusApi) -> int:
+    """The gateway's completions requests as Prometheus last scraped them."""
+    rows = api.query('sum(cstack_requests_total{job="gateway", route=~"chat|completions"})')
+    return int(float(rows[0]["value"][1])) if rows else -1
 
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=15)
+
+def ledger_event_count(ledger_url: str) -> int:
+    engine = create_engine(ledger_url)
+    try:
+        with engine.connect() as connection:
+            return int(connection.execute(text("SELECT COUNT(*) FROM usage_events")).scalar_one())
+    except OperationalError:  # the worker has not created the table yet
+        return -1
+    finally:
+        engine.dispose()
 
 
 def create_api_key(redis_url: str, org: str, plan: str, customer_id: str) -> str:

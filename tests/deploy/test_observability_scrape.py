@@ -38,18 +38,18 @@ from observability_support import (
     CUSTOMER,
     PrometheusApi,
     StripeStandIn,
-    ThreadedGateway,
     alert_expressions,
     billing_env,
     dashboard_expressions,
+    gateway_request_count,
+    ledger_event_count,
     prometheus_config,
+    scraped_request_count,
     send_traffic,
     wait_until,
 )
 from sqlalchemy import create_engine, text
 
-from billing import BillingSettings, create_meter, create_usage_reader
-from gateway.settings import GatewaySettings
 from serving.process import ManagedProcess, free_port
 
 pytestmark = pytest.mark.vllm
@@ -119,36 +119,35 @@ def observed(
         f"http://127.0.0.1:{trainer_port}/metrics",
         {"OMP_NUM_THREADS": "1"},
     )
-    processes = [worker, beat, trainer]
-    gateway: ThreadedGateway | None = None
+    gateway_url = f"http://127.0.0.1:{free_port()}"
+    dead_replica = f"http://127.0.0.1:{free_port()}"
+    gateway = ManagedProcess(
+        "gateway",
+        [*cstack, "gateway", "--log-level", "warning"],
+        tmp / "gateway.log",
+        f"{gateway_url}/healthz",
+        {
+            **env,
+            "CSTACK_PORT": str(urlparse(gateway_url).port),
+            "CSTACK_FAST_UPSTREAM_URLS": vllm_url,
+            # A second standard replica that is down: healthy < configured replicas.
+            "CSTACK_STANDARD_UPSTREAM_URLS": f"{vllm_url},{dead_replica}",
+            "CSTACK_HEALTH_INTERVAL_S": "0.5",
+        },
+    )
+    processes = [worker, beat, trainer, gateway]
     api: PrometheusApi | None = None
     try:
         for process in processes:
             process.start()
         worker.wait_healthy(timeout_s=60)
-
-        billing = BillingSettings.model_validate(
-            {k.removeprefix("CSTACK_").lower(): v for k, v in env.items()}
-        )
-        dead_replica = f"http://127.0.0.1:{free_port()}"
-        gateway = ThreadedGateway(
-            GatewaySettings(
-                port=free_port(),
-                redis_url=redis,
-                fast_upstream_urls=[vllm_url],
-                # A second standard replica that is down: healthy < configured replicas.
-                standard_upstream_urls=[vllm_url, dead_replica],
-                health_interval_s=0.5,
-            ),
-            create_meter(billing),
-            create_usage_reader(billing),
-        ).start()
+        gateway.wait_healthy(timeout_s=60)
         trainer.wait_healthy(timeout_s=120)
 
         vllm = urlparse(vllm_url)
         config = prometheus_config(
             {
-                "gateway": (urlparse(gateway.url).netloc, {"component": "gateway"}),
+                "gateway": (urlparse(gateway_url).netloc, {"component": "gateway"}),
                 "vllm": (f"{vllm.hostname}:{vllm.port}", {"component": "vllm", "tier": "shared"}),
                 "billing-worker": (f"127.0.0.1:{worker_port}", {"component": "billing-worker"}),
                 "trainer": (f"127.0.0.1:{trainer_port}", {"component": "trainer"}),
@@ -178,17 +177,30 @@ def observed(
         # Labelled series start to exist at their first observation, and rate() counts
         # only increases Prometheus saw happen: so a first round creates the series, and
         # once they are scraped a second round is what the rates and quantiles see.
-        codes = send_traffic(gateway.url, redis)
+        codes = send_traffic(gateway_url, redis)
         wait_until(
             lambda: len(api.query("cstack_time_to_first_token_seconds_count")) == 2,
             30,
             "the first round's series to be scraped",
         )
-        codes += send_traffic(gateway.url, redis)
-        # The pipeline's last step: usage in the ledger posted to Stripe as invoice items
-        # (the running month, CSTACK_STRIPE_POST_OPEN_PERIODS), and Prometheus has scraped
-        # that. Only the worker's series: pytest's own registry (served by the in-process
-        # gateway) may hold a stale count from the billing tests' in-process syncs.
+        codes += send_traffic(gateway_url, redis)
+        # Prometheus has scraped the gateway after the second round: its count of
+        # completions requests is the gateway's own (scrapes count as requests too).
+        served = gateway_request_count(gateway_url, routes=("chat", "completions"))
+        wait_until(
+            lambda: scraped_request_count(api) == served,
+            30,
+            "the second round's requests to be scraped",
+        )
+        # The pipeline's last steps: every metered request in the ledger, and usage posted
+        # to Stripe as invoice items (the running month, CSTACK_STRIPE_POST_OPEN_PERIODS)
+        # and scraped from the worker.
+        answered = gateway_request_count(gateway_url, routes=("chat", "completions"), status="200")
+        wait_until(
+            lambda: ledger_event_count(env["CSTACK_LEDGER_URL"]) == answered,
+            120,
+            f"the ledger to hold the {answered} answered requests",
+        )
         wait_until(
             lambda: api.query(
                 'cstack_stripe_invoice_items_total{result="sent", job="billing-worker"} > 0'
@@ -200,8 +212,6 @@ def observed(
     finally:
         if api is not None:
             api.close()
-        if gateway is not None:
-            gateway.stop()
         for process in reversed(processes):
             process.stop()
         stripe.stop()
@@ -288,8 +298,6 @@ def test_dashboard_revenue_equals_the_ledgers_list_cost(observed: ObservedStack)
 
 
 def test_stripe_received_the_invoice_items_the_metrics_count(observed: ObservedStack) -> None:
-    # Only the worker's own count: the in-process gateway shares pytest's registry, where
-    # the billing tests' in-process Stripe syncs have already counted items of their own.
     sent = observed.prometheus.query(
         'sum(cstack_stripe_invoice_items_total{result="sent", job="billing-worker"})'
     )
