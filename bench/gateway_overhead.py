@@ -422,9 +422,10 @@ def main() -> None:
 
 def start_gateway(port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
     """The real `cstack gateway` (billing off), as `cstack up` starts it."""
-    process = start_process(
-        [sys.executable, "-m", "deploy.cli", "gateway", "--port", str(port)], env
-    )
+    from serving.process import free_port
+
+    command = [sys.executable, "-m", "deploy.cli", "gateway", "--port", str(port)]
+    process = start_process([*command, "--internal-port", str(free_port())], env)
     wait_http(f"http://127.0.0.1:{port}/readyz")
     return process
 

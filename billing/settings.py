@@ -65,6 +65,9 @@ class BillingSettings(BaseSettings):
     stripe_api_key: SecretStr | None = None
     stripe_api_base: str = "https://api.stripe.com"
     stripe_webhook_secret: SecretStr | None = None
+    #: The largest webhook body read: anyone can POST to the endpoint, and the signature
+    #: can only be checked once the body is in memory (Stripe's events are far smaller).
+    stripe_webhook_max_bytes: int = Field(default=256 * 1024, ge=1024)
 
     # -- Stripe invoice items (billing/stripe_sync.py) ------------------------------------
     #: A month's invoice items are posted once the month has been over this long, so that

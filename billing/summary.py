@@ -23,9 +23,11 @@ COUNT_FIELDS = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens
 
 
 def _bounds(start: date | None, end: date | None) -> tuple[date, date]:
+    """The window, inclusive. Without ``start``: the first of ``end``'s month (of this
+    month without either); without ``end``: today, or ``start`` if that is later."""
     today = datetime.now(UTC).date()
-    first = start or today.replace(day=1)
-    last = end or today
+    first = start or (end or today).replace(day=1)
+    last = end or max(today, first)
     if last < first:
         raise ValueError(f"end ({last}) is before start ({first})")
     return first, last
@@ -33,6 +35,13 @@ def _bounds(start: date | None, end: date | None) -> tuple[date, date]:
 
 def _instant(day: date) -> datetime:
     return datetime.combine(day, time(0), tzinfo=UTC)
+
+
+def _after(day: date) -> datetime:
+    """The instant ``day`` ends (the last representable one for the last date)."""
+    if day == date.max:
+        return datetime.max.replace(tzinfo=UTC)
+    return _instant(day + timedelta(days=1))
 
 
 def _as_date(value: Any) -> date:
@@ -55,7 +64,7 @@ def usage_summary(
 ) -> dict[str, Any]:
     """Usage of ``org_id`` from ``start`` to ``end`` inclusive (default: this month so far)."""
     first, last = _bounds(start, end)
-    lower, upper = _instant(first), _instant(last + timedelta(days=1))
+    lower, upper = _instant(first), _after(last)
     day = func.date(UsageRow.started_at)
     usage = (
         select(

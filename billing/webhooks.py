@@ -1,5 +1,10 @@
 """Stripe webhook handling: verified, deduplicated, and turned into org suspensions.
 
+Stripe does not deliver events in order, and retries late ones for days. An org's
+suspension follows the events' creation times: an event created before the one that set
+the current state (a retried ``invoice.payment_failed`` after ``invoice.paid``) is
+recorded as handled and changes nothing.
+
 Redis is updated before the ledger commit that records the event as handled: if Redis is
 down the endpoint fails, Stripe redelivers, and the (idempotent) Redis update is retried.
 Admission reads suspension from Redis; the ledger keeps the durable record.
@@ -47,6 +52,14 @@ def verify(payload: bytes, signature: str | None, secret: str) -> dict[str, Any]
     return dict(event.to_dict())
 
 
+def _created_at(event: dict[str, Any]) -> datetime | None:
+    """The event's ``created`` (Unix seconds), if it carries a usable one."""
+    created = event.get("created")
+    if isinstance(created, int) and not isinstance(created, bool) and 0 < created < 2**37:
+        return datetime.fromtimestamp(created, UTC)
+    return None
+
+
 def _org_for(connection: Connection, invoice: dict[str, Any]) -> str | None:
     metadata = invoice.get("metadata") or {}
     if metadata.get("org_id"):
@@ -80,7 +93,23 @@ class WebhookService:
         with self.engine.connect() as connection:
             return _org_for(connection, invoice)
 
-    def _record(self, event: dict[str, Any], org_id: str | None, suspended: bool | None) -> bool:
+    def _superseded(self, org_id: str, created: datetime | None) -> bool:
+        """An event created before the one that set ``org_id``'s state is too old to apply."""
+        if created is None:
+            return False
+        with self.engine.connect() as connection:
+            current = connection.execute(
+                select(OrgSuspension.event_created_at).where(OrgSuspension.org_id == org_id)
+            ).scalar_one_or_none()
+        return current is not None and created < current
+
+    def _record(
+        self,
+        event: dict[str, Any],
+        org_id: str | None,
+        suspended: bool | None,
+        created: datetime | None,
+    ) -> bool:
         now = datetime.now(UTC)
         with self.engine.begin() as connection:
             statement = insert_ignoring_duplicates(
@@ -96,11 +125,18 @@ class WebhookService:
                     "suspended": suspended,
                     "reason": event["type"],
                     "updated_at": now,
+                    "event_created_at": created,
                 }
+                newer = OrgSuspension.__table__.c.event_created_at
                 connection.execute(
                     dialect_insert(connection, OrgSuspension.__table__)
                     .values(**values)
-                    .on_conflict_do_update(index_elements=["org_id"], set_=values)
+                    .on_conflict_do_update(
+                        index_elements=["org_id"],
+                        set_=values,
+                        # Two deliveries racing: the ledger keeps the newer event's state.
+                        where=None if created is None else (newer.is_(None) | (newer <= created)),
+                    )
                 )
         return True
 
@@ -110,10 +146,14 @@ class WebhookService:
             return WebhookOutcome(event_id, event_type, duplicate=True)
         suspended: bool | None = None
         org_id: str | None = None
+        created = _created_at(event)
         if event_type in (SUSPENDING, LIFTING):
-            suspended = event_type == SUSPENDING
             invoice = event["data"]["object"]
             org_id = await asyncio.to_thread(self._resolve_org, invoice)
+            if org_id is not None and await asyncio.to_thread(self._superseded, org_id, created):
+                new = await asyncio.to_thread(self._record, event, org_id, None, created)
+                return WebhookOutcome(event_id, event_type, duplicate=not new, org_id=org_id)
+            suspended = event_type == SUSPENDING
             keys = [suspended_org_key(org_id)] if org_id else []
             if invoice.get("customer"):
                 keys.append(suspended_customer_key(str(invoice["customer"])))
@@ -124,7 +164,7 @@ class WebhookService:
                 else:
                     pipe.delete(key)
             await pipe.execute()
-        new = await asyncio.to_thread(self._record, event, org_id, suspended)
+        new = await asyncio.to_thread(self._record, event, org_id, suspended, created)
         return WebhookOutcome(event_id, event_type, duplicate=not new, org_id=org_id)
 
 

@@ -18,6 +18,27 @@ app = typer.Typer(
 )
 worker_app = typer.Typer(help="Run Celery workers.", no_args_is_help=True)
 
+#: Commands an operator runs from a shell against the Redis of a running stack.
+_REDIS_SHELL_COMMANDS = {"keys", "billing"}
+
+
+@app.callback()
+def _find_local_redis(ctx: typer.Context) -> None:
+    """Without CSTACK_REDIS_URL, `cstack keys` and `cstack billing` use the embedded
+    Valkey of the `cstack up` running from this directory (CSTACK_STATE_DIR): its URL
+    carries a generated password, which nobody should have to copy into a variable."""
+    import os
+
+    if ctx.invoked_subcommand not in _REDIS_SHELL_COMMANDS or "CSTACK_REDIS_URL" in os.environ:
+        return
+    from deploy.settings import DeploySettings
+    from deploy.stack import running_stack_redis_url
+
+    url = running_stack_redis_url(DeploySettings())
+    if url is not None:
+        os.environ["CSTACK_REDIS_URL"] = url
+
+
 app.add_typer(model_app, name="model")
 app.command("serve")(serve)
 app.command("up")(up)

@@ -20,5 +20,7 @@ class DeploySettings(BaseSettings):
     vllm_url: str | None = None
     host: str = "127.0.0.1"
     gateway_port: int = 8000
+    #: The gateway's internal listener (/metrics, /admin); unset: a free port each start.
+    gateway_internal_port: int | None = None
     vllm_port: int = 8100
     vllm_start_timeout_s: float = 900.0

@@ -2,6 +2,13 @@
 
 Components start in order and stop in reverse; if any dies, the whole stack stops, so a
 developer never keeps using half a platform without noticing.
+
+Every service binds to ``host`` (127.0.0.1 by default), and the ones with credentials
+require them, because other users of the machine reach loopback ports too: Valkey its
+password and vLLM its API key, both generated at the first start and kept in the state
+directory (mode 0600), and the gateway's admin API its per-run token on the internal
+port. Children get the credentials in their environment, never on a command line, and
+nothing here prints them.
 """
 
 from __future__ import annotations
@@ -18,10 +25,11 @@ import httpx
 
 from deploy.settings import DeploySettings
 from serving.engine import engine_for_variant
-from serving.process import ManagedProcess, ServerStartError
+from serving.process import ManagedProcess, ServerStartError, free_port
+from serving.redact import redact_url
 from serving.settings import ServingSettings
 from serving.tiny import build_tiny_checkpoint
-from serving.valkey import start_valkey
+from serving.valkey import read_or_create_secret, start_valkey, write_private
 
 DEV_ORG = "local"
 
@@ -33,6 +41,9 @@ class LocalStack:
         self.valkey: Any = None
         self.redis_url = settings.redis_url
         self.vllm_url = ""
+        #: What vLLM requires on /v1/* (set once vLLM is known; None: it requires none).
+        self.vllm_api_key: str | None = None
+        self.internal_port = settings.gateway_internal_port or free_port(settings.host)
         self.processes: list[ManagedProcess] = []
         # A fresh admin token per run: it lives only in this process and the gateway's env.
         self.admin_token = secrets.token_urlsafe(32)
@@ -50,8 +61,19 @@ class LocalStack:
         return f"{self.gateway_url}/v1"
 
     @property
+    def internal_url(self) -> str:
+        """The gateway's internal listener: /metrics and the /admin API."""
+        return f"http://{self.settings.host}:{self.internal_port}"
+
+    @property
     def dev_key_path(self) -> Path:
         return self.state / "dev-api-key"
+
+    @property
+    def redis_url_path(self) -> Path:
+        """The embedded Valkey's URL with its password, while the stack runs: how the
+        `cstack keys` and `cstack billing` commands find it (``deploy.cli``)."""
+        return redis_url_file(self.state)
 
     def model_dir(self) -> Path:
         if self.settings.model_dir is not None:
@@ -74,47 +96,71 @@ class LocalStack:
         }
 
     def start(self) -> None:
-        self.state.mkdir(parents=True, exist_ok=True)
-        self._start_redis()
+        # Owner-only when created here: logs and the ledger hold request and usage data.
+        self.state.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.start_redis()
         self._start_vllm()
         env = self.child_env()
         self._migrate_ledger(env)
+        # The admin token and vLLM's key go to the gateway alone: nothing else uses them.
+        gateway_env = {
+            **env,
+            "CSTACK_ADMIN_TOKEN": self.admin_token,
+            "CSTACK_INTERNAL_PORT": str(self.internal_port),
+        }
+        if self.vllm_api_key:
+            gateway_env["CSTACK_UPSTREAM_API_KEY"] = self.vllm_api_key
         self._start(
             self._cstack("gateway", ["gateway", "--host", self.settings.host, "--port",
                                      str(self.settings.gateway_port)],
-                         env={**env, "CSTACK_ADMIN_TOKEN": self.admin_token},
-                         health_url=f"{self.gateway_url}/readyz"),
+                         env=gateway_env, health_url=f"{self.gateway_url}/readyz"),
             timeout_s=120,
         )  # fmt: skip
+        self.say(f"gateway metrics and admin API: {self.internal_url} (/metrics, /admin)")
         self._start(self._cstack("billing worker", ["worker", "billing"], env=env), 120)
         self._start(self._cstack("billing beat", ["beat"], env=env), 120)
-        self.dev_key_path.write_text(self._provision_dev_key() + "\n")
-        self.dev_key_path.chmod(0o600)
+        write_private(self.dev_key_path, self._provision_dev_key() + "\n")
         self.say(f"API key for org {DEV_ORG!r} written to {self.dev_key_path}")
 
-    def _start_redis(self) -> None:
+    def start_redis(self) -> None:
         if self.redis_url is not None:
             self.say("redis: external (CSTACK_REDIS_URL)")
             return
-        self.valkey = start_valkey(self.state / "valkey")
-        self.redis_url = str(self.valkey.connection_url)
-        self.say(f"embedded valkey: {self.redis_url}")
+        # The same password every start: the data directory persists, and so do the
+        # URLs of whatever a developer pointed at it.
+        password = read_or_create_secret(self.state / "valkey-password")
+        self.valkey = start_valkey(self.state / "valkey", password)
+        self.redis_url = self.valkey.connection_url
+        write_private(self.redis_url_path, self.redis_url + "\n")
+        self.say(
+            f"embedded valkey: {redact_url(self.redis_url)} "
+            f"(URL with its password: {self.redis_url_path})"
+        )
 
     def _start_vllm(self) -> None:
+        serving = ServingSettings()
+        configured = serving.vllm_api_key.get_secret_value() if serving.vllm_api_key else None
         if self.settings.vllm_url:
             self.vllm_url = self.settings.vllm_url.rstrip("/")
-            self.say(f"vLLM: external {self.vllm_url} (CSTACK_VLLM_URL)")
+            self.vllm_api_key = configured
+            keyed = "with" if configured else "without"
+            self.say(f"vLLM: external {self.vllm_url} (CSTACK_VLLM_URL), {keyed} an API key")
             return
+        key_path = self.state / "vllm-api-key"
+        self.vllm_api_key = configured or read_or_create_secret(key_path)
         engine = engine_for_variant(
             "shared",
             self.model_dir(),
             self.settings.vllm_port,
-            settings=ServingSettings(),
+            settings=serving,
             log_path=self.state / "logs" / "vllm.log",
             host=self.settings.host,
+            api_key=self.vllm_api_key,
         )
         self._start(engine, self.settings.vllm_start_timeout_s)
         self.vllm_url = engine.base_url
+        where = "CSTACK_VLLM_API_KEY" if configured else str(key_path)
+        self.say(f"vLLM: {self.vllm_url} (API key: {where})")
 
     def _cstack(
         self, name: str, args: list[str], env: dict[str, str], health_url: str | None = None
@@ -149,7 +195,7 @@ class LocalStack:
     def _provision_dev_key(self) -> str:
         """Create the local org (once) and a fresh API key for it through the admin API."""
         headers = {"authorization": f"Bearer {self.admin_token}"}
-        with httpx.Client(base_url=self.gateway_url, headers=headers, timeout=10) as admin:
+        with httpx.Client(base_url=self.internal_url, headers=headers, timeout=10) as admin:
             org = admin.post("/admin/orgs", json={"org_id": DEV_ORG, "name": "local dev"})
             if org.status_code not in (201, 409):  # 409: kept from an earlier run
                 org.raise_for_status()
@@ -173,5 +219,19 @@ class LocalStack:
             process.stop()
         self.processes.clear()
         if self.valkey is not None:
+            self.redis_url_path.unlink(missing_ok=True)
             self.valkey.stop()
             self.valkey = None
+
+
+def redis_url_file(state_dir: Path) -> Path:
+    """Where a running `cstack up` keeps its embedded Valkey's URL (mode 0600)."""
+    return state_dir / "redis-url"
+
+
+def running_stack_redis_url(settings: DeploySettings) -> str | None:
+    """The Redis URL of the `cstack up` running from this state directory, if any."""
+    try:
+        return redis_url_file(settings.state_dir).read_text().strip() or None
+    except OSError:
+        return None

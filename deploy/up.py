@@ -21,7 +21,12 @@ def up(
     Prints `ready: <base url>` once everything is healthy, then runs until Ctrl-C or
     SIGTERM and stops everything it started. Configure with CSTACK_* variables
     (CSTACK_REDIS_URL for an external Redis, CSTACK_MODEL_DIR for another checkpoint,
-    CSTACK_GATEWAY_PORT, CSTACK_VLLM_PORT, CSTACK_STATE_DIR).
+    CSTACK_GATEWAY_PORT, CSTACK_GATEWAY_INTERNAL_PORT for /metrics and /admin,
+    CSTACK_VLLM_PORT, CSTACK_STATE_DIR).
+
+    Valkey's password and vLLM's API key are generated at the first start and kept in
+    the state directory (valkey-password, vllm-api-key; mode 0600); `cstack keys` and
+    `cstack billing` run from the same directory find the embedded Valkey while it runs.
     """
     from serving.process import ServerStartError, StopRequested, stop_signals_raise
     from serving.tiers import TIERS

@@ -35,7 +35,7 @@ from gateway.errors import (
 from gateway.generation import CHAT, COMPLETIONS, GenerationHandler
 from gateway.keys import KeyStore
 from gateway.metrics import GatewayMetrics
-from gateway.middleware import RequestContextMiddleware
+from gateway.middleware import ListenerGuard, RequestContextMiddleware
 from gateway.relay import Relay
 from gateway.settings import GatewaySettings
 from gateway.tiers import TierRouter
@@ -45,6 +45,8 @@ from serving.tiers import PUBLIC_MODELS, TIERS
 logger = logging.getLogger(__name__)
 
 MODELS_CREATED = 1_767_225_600  # 2026-01-01, the family's launch date
+#: Every read route answers HEAD as GET without a body (uvicorn drops it), auth included.
+READ_METHODS = ["GET", "HEAD"]
 
 
 def create_app(settings: GatewaySettings, meter: Meter, usage: UsageReader) -> FastAPI:
@@ -55,11 +57,14 @@ def create_app(settings: GatewaySettings, meter: Meter, usage: UsageReader) -> F
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
+        # Starlette's slash redirect builds its Location from the client's Host header.
+        redirect_slashes=False,
     )
     app.state.settings = settings
     app.state.metrics = parts.metrics
     app.state.upstreams = parts.upstreams
     app.state.key_store = parts.store
+    app.add_middleware(ListenerGuard, internal_port=settings.internal_port)
     app.add_middleware(RequestContextMiddleware, metrics=parts.metrics)
     app.add_exception_handler(GatewayError, gateway_error_handler)
     app.add_exception_handler(StarletteHTTPException, http_exception_handler)
@@ -102,6 +107,7 @@ def _build_parts(settings: GatewaySettings, meter: Meter) -> _Parts:
         max_connections=settings.max_connections_per_upstream,
         health_interval_s=settings.health_interval_s,
         health_timeout_s=settings.health_timeout_s,
+        api_key=settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None,
     )
     generation = GenerationHandler(
         settings,
@@ -155,12 +161,12 @@ def _add_account_routes(app: FastAPI, auth: Authenticator, usage: UsageReader) -
         ],
     }
 
-    @app.get("/v1/models")
+    @app.api_route("/v1/models", methods=READ_METHODS)
     async def list_models(request: Request) -> JSONResponse:
         await auth.authenticate(request.headers.get("authorization"))
         return JSONResponse(models_body)
 
-    @app.get("/v1/usage")
+    @app.api_route("/v1/usage", methods=READ_METHODS)
     async def usage_summary(request: Request) -> JSONResponse:
         principal = await auth.authenticate(request.headers.get("authorization"))
         start = parse_date(request.query_params.get("start"), "start")
@@ -182,11 +188,11 @@ def _add_account_routes(app: FastAPI, auth: Authenticator, usage: UsageReader) -
 
 
 def _add_operations_routes(app: FastAPI, upstreams: Upstreams, metrics: GatewayMetrics) -> None:
-    @app.get("/healthz")
+    @app.api_route("/healthz", methods=READ_METHODS)
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz")
+    @app.api_route("/readyz", methods=READ_METHODS)
     async def readyz() -> JSONResponse:
         pools = {tier: pool.healthy_count for tier, pool in upstreams.pools.items()}
         ready = upstreams.ready()
@@ -195,7 +201,7 @@ def _add_operations_routes(app: FastAPI, upstreams: Upstreams, metrics: GatewayM
             status_code=200 if ready else 503,
         )
 
-    @app.get("/metrics")
+    @app.api_route("/metrics", methods=READ_METHODS)
     async def prometheus_metrics() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 

@@ -15,7 +15,11 @@ keys_app = typer.Typer(help="Create, revoke and list API keys (talks to Redis di
 
 def gateway(
     host: Annotated[str | None, typer.Option(help="Bind address (env CSTACK_HOST).")] = None,
-    port: Annotated[int | None, typer.Option(help="Port (env CSTACK_PORT).")] = None,
+    port: Annotated[int | None, typer.Option(help="Public API port (env CSTACK_PORT).")] = None,
+    internal_port: Annotated[
+        int | None,
+        typer.Option(help="Port of /metrics and /admin/ (env CSTACK_INTERNAL_PORT)."),
+    ] = None,
     upstream_url: Annotated[
         str | None,
         typer.Option(help="vLLM base URL for both tiers (env CSTACK_UPSTREAM_URL)."),
@@ -35,18 +39,17 @@ def gateway(
 ) -> None:
     """Run the OpenAI-compatible gateway in front of the vLLM pools."""
     import gc
-    import importlib.util
-
-    import uvicorn
 
     import billing
     from billing.meter import Meter, UnmeteredMeter
     from billing.reporting import UnmeteredUsageReader, UsageReader
     from gateway.app import create_app
+    from gateway.server import serve
 
     overrides = {
         "host": host,
         "port": port,
+        "internal_port": internal_port,
         "upstream_url": upstream_url,
         "fast_upstream_urls": fast_upstream_urls,
         "standard_upstream_urls": standard_upstream_urls,
@@ -69,16 +72,7 @@ def gateway(
     # under load, which were the gateway's p99. Frozen, collections see request garbage only.
     gc.collect()
     gc.freeze()
-    uvicorn.run(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        access_log=False,
-        timeout_graceful_shutdown=settings.shutdown_grace_s,
-        loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
-        http="httptools" if importlib.util.find_spec("httptools") else "h11",
-    )
+    serve(app, settings)
 
 
 @keys_app.command("create")

@@ -74,9 +74,12 @@ async def gateway_error_handler(request: Request, exc: Exception) -> Response:
 async def http_exception_handler(request: Request, exc: Exception) -> Response:
     """Starlette's own 404/405 (unknown routes, wrong methods) in OpenAI's shape."""
     assert isinstance(exc, StarletteHTTPException)
-    code = "not_found" if exc.status_code == 404 else None
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
     return GatewayError(
-        exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", code=code
+        exc.status_code,
+        f"{request.method} {request.url.path[:200]}: {exc.detail}",
+        code=code,
+        headers=dict(exc.headers or {}),  # 405 carries Allow
     ).response()
 
 

@@ -36,6 +36,12 @@ class UpstreamCut(Exception):
     """The connection ended in the middle of a response body."""
 
 
+#: Body bytes buffered per response before reading from the upstream pauses, and the level
+#: it resumes at: a client that reads slowly slows the upstream instead of filling memory.
+BUFFER_HIGH_WATER = 256 * 1024
+BUFFER_LOW_WATER = 64 * 1024
+
+
 class Response:
     """One upstream response: status known, body still arriving."""
 
@@ -44,6 +50,7 @@ class Response:
         self.status = 0
         self.head = connection.loop.create_future()
         self._chunks: deque[bytes] = deque()
+        self._buffered = 0
         self._waiter: asyncio.Future[None] | None = None
         self.complete = False
         self.error: Exception | None = None
@@ -52,6 +59,9 @@ class Response:
     # Called by the connection as bytes arrive.
     def feed(self, chunk: bytes) -> None:
         self._chunks.append(chunk)
+        self._buffered += len(chunk)
+        if self._buffered > BUFFER_HIGH_WATER:
+            self._connection.pause_reading()
         self._wake()
 
     def finish(self, error: Exception | None = None) -> None:
@@ -70,7 +80,11 @@ class Response:
     async def iter_chunks(self) -> AsyncIterator[bytes]:
         while True:
             while self._chunks:
-                yield self._chunks.popleft()
+                chunk = self._chunks.popleft()
+                self._buffered -= len(chunk)
+                if self._buffered < BUFFER_LOW_WATER:
+                    self._connection.resume_reading()
+                yield chunk
             if self.complete:
                 return
             if self.error is not None:
@@ -100,6 +114,7 @@ class Connection(asyncio.Protocol):
         self.keep_alive = False
         self.idle_since = 0.0
         self._timer: asyncio.TimerHandle | None = None
+        self._reading_paused = False
 
     def send(self, request: bytes) -> Response:
         assert self.transport is not None
@@ -110,12 +125,27 @@ class Connection(asyncio.Protocol):
         return self.response
 
     def release(self, reusable: bool) -> None:
+        self.resume_reading()  # a connection goes back to the pool reading
         self._disarm_timer()
         self.response = None
         if reusable and self.alive and self.keep_alive:
             self.pool.put_back(self)
         else:
             self.abort()
+
+    def pause_reading(self) -> None:
+        """The reader is behind: stop reading (TCP then slows the upstream). No read
+        timeout meanwhile: the wait is the client's; the request's deadline bounds it."""
+        if not self._reading_paused and self.transport is not None and self.alive:
+            self._reading_paused = True
+            self._disarm_timer()
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self._reading_paused and self.transport is not None and self.alive:
+            self._reading_paused = False
+            self._arm_timer()
+            self.transport.resume_reading()
 
     def abort(self) -> None:
         self.alive = False
@@ -186,13 +216,24 @@ class ConnectionPool:
     """Keep-alive connections to one origin (``http://host:port``), at most ``limit``."""
 
     def __init__(
-        self, url: str, *, limit: int, connect_timeout_s: float, read_timeout_s: float
+        self,
+        url: str,
+        *,
+        limit: int,
+        connect_timeout_s: float,
+        read_timeout_s: float,
+        api_key: str | None = None,
     ) -> None:
+        """``api_key``: sent as ``Authorization: Bearer`` on every request (vLLM's key)."""
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname or parts.path not in ("", "/"):
             raise ValueError(f"upstream {url!r}: expected http://host[:port] (no path)")
         self.host, self.port = parts.hostname, parts.port or 80
         self.host_header = parts.netloc.encode()
+        if api_key and (not api_key.isprintable() or any(c.isspace() for c in api_key)):
+            raise ValueError("upstream API key: printable characters without spaces only")
+        # Built once: the head of every request carries it, health checks included.
+        self._auth_header = f"authorization: Bearer {api_key}\r\n".encode() if api_key else b""
         self.loop = asyncio.get_running_loop()
         self.read_timeout_s = read_timeout_s
         self._connect_timeout_s = connect_timeout_s
@@ -204,7 +245,12 @@ class ConnectionPool:
 
     async def request(self, path: str, body: bytes, headers: dict[str, str]) -> Response:
         """POST and wait for the response head (the body is read from the response)."""
-        head = [f"POST {path} HTTP/1.1\r\nhost: ".encode(), self.host_header, b"\r\n"]
+        head = [
+            f"POST {path} HTTP/1.1\r\nhost: ".encode(),
+            self.host_header,
+            b"\r\n",
+            self._auth_header,
+        ]
         for name, value in headers.items():
             head.append(f"{name}: {value}\r\n".encode())
         head.append(b"content-length: %d\r\n\r\n" % len(body))
@@ -216,7 +262,10 @@ class ConnectionPool:
 
     async def get(self, path: str) -> tuple[int, bytes]:
         """A GET: status and body."""
-        request = b"GET " + path.encode() + b" HTTP/1.1\r\nhost: " + self.host_header + b"\r\n\r\n"
+        request = b"".join(
+            [b"GET ", path.encode(), b" HTTP/1.1\r\nhost: ", self.host_header, b"\r\n",
+             self._auth_header, b"\r\n"]
+        )  # fmt: skip
         response = await self._exchange(request)
         try:
             return response.status, await response.read()

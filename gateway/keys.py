@@ -21,8 +21,8 @@ from redis.asyncio import Redis
 KEY_PREFIX = "sk-cs-"
 EPOCH_KEY = "cstack:keys:epoch"
 ORGS_KEY = "cstack:orgs"
-ORG_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
-KEY_ID_PATTERN = re.compile(r"^[0-9a-f]{16}$")
+ORG_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}\Z")
+KEY_ID_PATTERN = re.compile(r"^[0-9a-f]{16}\Z")
 
 
 class KeyStoreError(ValueError):
@@ -98,6 +98,9 @@ class KeyStore:
         return org
 
     async def get_org(self, org_id: str) -> Org | None:
+        # An id no org can have is unknown, never a Redis key of another type (its keys set).
+        if not ORG_ID_PATTERN.match(org_id):
+            return None
         fields = await self.redis.hgetall(_org_key(org_id))
         if not fields or b"created_at" not in fields:
             return None
@@ -152,6 +155,8 @@ class KeyStore:
         return _key_record(key_id, fields) if fields else None
 
     async def list_keys(self, org_id: str) -> list[ApiKey]:
+        if not ORG_ID_PATTERN.match(org_id):
+            return []
         key_ids = sorted(
             member.decode() for member in await self.redis.smembers(_org_keys_key(org_id))
         )

@@ -1,4 +1,5 @@
-"""Pure ASGI middleware: request ids, request metrics, and a last-resort error body.
+"""Pure ASGI middleware: request ids, request metrics, a last-resort error body, and which
+routes each listener serves.
 
 Written against raw ASGI rather than ``BaseHTTPMiddleware`` because it sits on the hot
 path of every request and must not buffer or re-wrap streaming bodies.
@@ -85,3 +86,42 @@ class RequestContextMiddleware:
             route = ROUTES.get(scope["path"], "other")
             tier = scope.get(TIER, "none")
             self.metrics.count_request(tier, route, status, time.perf_counter() - started)
+
+
+#: Routes served on both listeners (Kubernetes probes whichever port they are given).
+PROBES = frozenset({"/healthz", "/readyz"})
+
+
+def is_internal_route(path: str) -> bool:
+    return path == "/metrics" or path == "/admin" or path.startswith("/admin/")
+
+
+class ListenerGuard:
+    """``/metrics`` and ``/admin/`` on the internal port only, everything else but the
+    probes on the public port only; the wrong listener answers 404, as for no route."""
+
+    def __init__(self, app: ASGIApp, internal_port: int) -> None:
+        self.app = app
+        self.internal_port = internal_port
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in PROBES:
+            server = scope.get("server")
+            on_internal = server is not None and server[1] == self.internal_port
+            if on_internal != is_internal_route(scope["path"]):
+                body = error_body(
+                    f"{scope['method']} {scope['path'][:200]}: Not Found",
+                    "invalid_request_error",
+                    None,
+                    "not_found",
+                )
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 404,
+                        "headers": [(b"content-type", b"application/json")],
+                    }
+                )
+                await send({"type": "http.response.body", "body": pydantic_core.to_json(body)})
+                return
+        await self.app(scope, receive, send)

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gateway.errors import GatewayError, bad_request
 
@@ -88,6 +90,19 @@ class JsonSchemaFormat(OpenAIModel):
     strict: bool | None = None
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True, serialize_by_alias=True)
+
+    @field_validator("json_schema")
+    @classmethod
+    def _valid_schema(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
+        """A schema that is not one is the caller's error (vLLM would answer 500)."""
+        if schema is not None:
+            try:
+                Draft202012Validator.check_schema(schema)
+            except SchemaError as exc:
+                raise ValueError(f"not a valid JSON schema: {exc.message}") from None
+            except RecursionError:
+                raise ValueError("the JSON schema is nested too deeply") from None
+        return schema
 
 
 class ResponseFormat(OpenAIModel):

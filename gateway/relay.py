@@ -152,11 +152,16 @@ class Relay:
         try:
             return await pool.open(path, body, headers, avoid)
         except NoUpstreamAvailable as exc:
+            # The reason names replicas' addresses: for the log, never for the client.
+            logger.warning("request %s: no upstream could serve it: %s", exchange.request_id, exc)
             await self.settle(exchange, "upstream_error", {})
-            raise upstream_unavailable(f"No upstream could serve the request: {exc}") from None
+            raise upstream_unavailable(
+                "No model server could take the request; retry shortly."
+            ) from None
         except UpstreamTimeout as exc:
+            logger.warning("request %s: %s", exchange.request_id, exc)
             await self.settle(exchange, "upstream_error", {})
-            raise upstream_unavailable(str(exc), status_code=504) from None
+            raise upstream_unavailable("The model server timed out.", status_code=504) from None
         except BaseException:
             # Cancelled: the client went, or the request reached its maximum duration.
             ended_by_deadline = asyncio.get_running_loop().time() >= exchange.deadline
@@ -329,7 +334,9 @@ def client_closed_request() -> Response:
 
 
 def upstream_error(status: int, content: bytes) -> GatewayError:
-    """An upstream's non-200 answer in OpenAI's shape; upstream 5xx become 502."""
+    """An upstream's non-200 answer in OpenAI's shape: a 4xx (the request was at fault)
+    passes on as it is; a 5xx becomes a 502 whose message says nothing of the engine's
+    insides (the engine's own message is logged)."""
     message, param, code = f"upstream answered {status}", None, None
     try:
         data = pydantic_core.from_json(content)
@@ -340,8 +347,11 @@ def upstream_error(status: int, content: bytes) -> GatewayError:
             code = str(detail["code"]) if detail.get("code") is not None else None
     except ValueError:
         pass
-    if status >= 500:
-        return GatewayError(502, message, type="server_error", code="upstream_error")
+    if status >= 500 or status < 400:
+        logger.warning("upstream answered %d: %s", status, message[:500])
+        return GatewayError(
+            502, "The model server failed the request.", type="server_error", code="upstream_error"
+        )
     return GatewayError(status, message, param=param, code=code)
 
 

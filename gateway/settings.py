@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Annotated
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 UrlList = Annotated[list[str], NoDecode]
@@ -28,7 +28,11 @@ class GatewaySettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CSTACK_", extra="ignore")
 
     host: str = "127.0.0.1"
+    #: The public API: /v1/*, the Stripe webhook, /healthz and /readyz.
     port: int = 8080
+    #: /metrics and /admin/ (and the probes) answer only here: a port for Prometheus and
+    #: operators that a network policy keeps off the public path.
+    internal_port: int = 9464
     redis_url: str = "redis://127.0.0.1:6379/0"
     #: Bearer token of the /admin/ API. No default: unset means the admin API answers 403.
     admin_token: SecretStr | None = None
@@ -55,6 +59,14 @@ class GatewaySettings(BaseSettings):
     max_request_duration_s: float = Field(1800.0, gt=0)
 
     max_body_bytes: int = 4 * 1024 * 1024
+    #: The request line and headers together, in bytes and in header fields (else 431).
+    max_header_bytes: int = Field(default=32 * 1024, ge=1024)
+    max_headers: int = Field(100, ge=8)
+    #: A request's head must arrive within this long (of the connection's first byte or
+    #: the previous response), its body within ``body_timeout_s`` of the head; slower
+    #: clients are disconnected.
+    header_timeout_s: float = Field(10.0, gt=0)
+    body_timeout_s: float = Field(60.0, gt=0)
     max_messages: int = 1024
     max_n: int = 16
     #: Prompts in one /v1/completions request (each one runs ``n`` sequences).
@@ -82,6 +94,15 @@ class GatewaySettings(BaseSettings):
     #: Meter usage and enforce limits through ``billing`` (CSTACK_BILLING). Off only for a
     #: gateway that must not bill: benchmarks and tests of the relay itself.
     billing: bool = True
+    #: vLLM's API key (its VLLM_API_KEY), sent as ``Authorization: Bearer`` on every
+    #: request to an upstream, health checks included. Unset: none is sent.
+    upstream_api_key: SecretStr | None = None
+
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> GatewaySettings:
+        if self.internal_port == self.port:
+            raise ValueError(f"internal_port must differ from port ({self.port})")
+        return self
 
     @field_validator("fast_upstream_urls", "standard_upstream_urls", mode="before")
     @classmethod

@@ -169,8 +169,11 @@ class Upstreams:
         max_connections: int,
         health_interval_s: float,
         health_timeout_s: float,
+        api_key: str | None = None,
     ) -> None:
+        """``api_key``: the upstreams' (vLLM's) key, sent on every request to them."""
         self._connect_timeout_s = connect_timeout_s
+        self._api_key = api_key
         self._read_timeout_s = read_timeout_s
         self._max_connections = max_connections
         self.replicas: dict[str, Replica] = {}
@@ -237,6 +240,7 @@ class Upstreams:
                 limit=self._max_connections,
                 connect_timeout_s=self._connect_timeout_s,
                 read_timeout_s=self._read_timeout_s,
+                api_key=self._api_key,
             )
         await self.check_health()
         self._health_task = asyncio.create_task(self._health_loop())

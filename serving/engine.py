@@ -18,10 +18,15 @@ def engine_for_variant(
     log_path: Path | None = None,
     host: str = "127.0.0.1",
     weight_sync: bool = False,
+    api_key: str | None = None,
 ) -> VllmServer:
     """The engine for ``variant``; ``weight_sync`` adds what a trainer needs to push new
-    weights into it while it serves (the variants file's ``weight_sync`` section)."""
+    weights into it while it serves (the variants file's ``weight_sync`` section: vLLM's
+    dev endpoints, which its API key does not guard, so only for an engine that nothing
+    but its gateway and trainer can reach). ``api_key`` defaults to the settings' key."""
     settings = settings or ServingSettings()
+    if api_key is None and settings.vllm_api_key is not None:
+        api_key = settings.vllm_api_key.get_secret_value()
     book = load_variants(settings.variants_file)
     profile = detect_profile(settings.serving_profile)
     args = book.cli_args(variant, profile)
@@ -37,4 +42,5 @@ def engine_for_variant(
         served_model_name=book.served_model_name,
         log_path=log_path or settings.log_dir / f"vllm-{variant}-{port}.log",
         env=env,
+        api_key=api_key,
     )

@@ -19,7 +19,9 @@ class VllmServer(ManagedProcess):
         host: str = "127.0.0.1",
         log_path: Path = Path(".cstack/logs/vllm.log"),
         env: dict[str, str] | None = None,
+        api_key: str | None = None,
     ) -> None:
+        """``api_key``: what vLLM then requires on ``/v1/*`` as ``Authorization: Bearer``."""
         self.model_dir = Path(model_dir)
         self.host = host
         self.port = port
@@ -32,6 +34,12 @@ class VllmServer(ManagedProcess):
             "--port", str(port),
             *engine_args,
         ]  # fmt: skip
+        env = dict(env or {})
+        if api_key:
+            # vLLM's own variable rather than --api-key: a command line is visible to
+            # every user of the machine (ps), an environment only to the process owner.
+            env["VLLM_API_KEY"] = api_key
+        # /health is not behind the key (vLLM guards /v1/* only), so it needs none.
         super().__init__("vLLM", command, log_path, f"{self.base_url}/health", env)
 
     @property

@@ -158,3 +158,6 @@ class OrgSuspension(Base):
     suspended: Mapped[bool]
     reason: Mapped[str] = mapped_column(String(200))
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    #: ``created`` of the Stripe event that set ``suspended``: an older event arriving
+    #: later does not override it.
+    event_created_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)

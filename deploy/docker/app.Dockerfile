@@ -3,6 +3,7 @@
 # `composer-stack` distribution without an engine (`cstack gateway`, `cstack worker ...`,
 # `cstack beat`). Build from the repository root:
 #   docker build -f deploy/docker/app.Dockerfile -t composer-stack/app:0.1.0 .
+# The rollouts extra brings pytest: rollout workers run each task's tests (in bwrap).
 FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
@@ -12,7 +13,7 @@ COPY billing billing
 COPY training training
 COPY deploy deploy
 RUN python -m venv /opt/cstack \
- && /opt/cstack/bin/pip install --no-cache-dir .
+ && /opt/cstack/bin/pip install --no-cache-dir '.[rollouts]'
 
 FROM python:3.11-slim
 # The uid/gid the chart runs every pod as (podSecurityContext.runAsUser).

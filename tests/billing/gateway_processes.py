@@ -35,7 +35,9 @@ def gateway_processes(
     ports = [free_port() for _ in range(count)]
     processes: list[subprocess.Popen[bytes]] = []
     for index, port in enumerate(ports):
-        env = settings_env({**values, "port": port, "upstream_url": upstream_url})
+        env = settings_env(
+            {**values, "port": port, "internal_port": free_port(), "upstream_url": upstream_url}
+        )
         log = (logs / f"gateway-{index}.log").open("wb")
         command = [sys.executable, str(METERED_GATEWAY)]
         processes.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))

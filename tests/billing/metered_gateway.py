@@ -12,11 +12,10 @@ from __future__ import annotations
 import faulthandler
 import signal
 
-import uvicorn
-
 from billing import create_meter, create_usage_reader
 from billing.http import router
 from gateway.app import create_app
+from gateway.server import serve
 from gateway.settings import GatewaySettings
 
 
@@ -26,7 +25,7 @@ def main() -> None:
     settings = GatewaySettings()
     app = create_app(settings, create_meter(redis_url=settings.redis_url), create_usage_reader())
     app.include_router(router)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
+    serve(app, settings.model_copy(update={"log_level": "warning"}))
 
 
 if __name__ == "__main__":

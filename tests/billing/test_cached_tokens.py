@@ -80,7 +80,12 @@ def gateway_url(
     caching_vllm_url: str, billing_settings: BillingSettings, tmp_path: Path
 ) -> Iterator[str]:
     port = free_port()
-    values = {**billing_settings.model_dump(), "port": port, "upstream_url": caching_vllm_url}
+    values = {
+        **billing_settings.model_dump(),
+        "port": port,
+        "internal_port": free_port(),
+        "upstream_url": caching_vllm_url,
+    }
     log = (tmp_path / "gateway.log").open("wb")
     process = subprocess.Popen(
         [sys.executable, str(Path(__file__).with_name("metered_gateway.py"))],

@@ -40,13 +40,24 @@ async def deliver(http: httpx.AsyncClient, payload: bytes) -> httpx.Response:
     return await http.post(WEBHOOK, content=payload, headers=signed(payload))
 
 
-def invoice_event(event_id: str, kind: str, customer: str = "cus_hook") -> bytes:
-    body = {
+def invoice_event(
+    event_id: str,
+    kind: str,
+    customer: str = "cus_hook",
+    created: int | None = None,
+    org: str | None = None,
+) -> bytes:
+    invoice: dict[str, object] = {"id": "in_1", "object": "invoice", "customer": customer}
+    if org is not None:
+        invoice["metadata"] = {"org_id": org}
+    body: dict[str, object] = {
         "id": event_id,
         "object": "event",
         "type": kind,
-        "data": {"object": {"id": "in_1", "object": "invoice", "customer": customer}},
+        "data": {"object": invoice},
     }
+    if created is not None:
+        body["created"] = created
     return json.dumps(body).encode()
 
 
@@ -110,6 +121,48 @@ async def test_payment_failed_suspends_and_paid_lifts(
         await meter.admit(admission_request(org="org-hook", customer="cus_hook"))
     finally:
         await meter.aclose()
+
+
+async def test_events_apply_in_the_order_stripe_created_them(
+    client: httpx.AsyncClient, billing_settings: BillingSettings
+) -> None:
+    """Stripe retries a failed delivery for days: a payment failure created before the
+    payment that settled it must not suspend the org when it finally arrives."""
+    meter = RedisMeter(billing_settings)
+    order = {"customer": "cus_order", "org": "org-order"}
+    request = admission_request(org="org-order", customer="cus_order")
+    created = int(time.time()) - 3600
+    try:
+        paid = invoice_event("evt_order_paid", "invoice.paid", created=created + 60, **order)
+        assert (await deliver(client, paid)).status_code == 200
+        late = invoice_event(
+            "evt_order_failed_late", "invoice.payment_failed", created=created, **order
+        )
+        answer = await deliver(client, late)
+        assert answer.status_code == 200 and answer.json()["duplicate"] is False
+        await meter.admit(request)  # still admitted: the failure is older than the payment
+
+        newer = invoice_event(
+            "evt_order_failed_new", "invoice.payment_failed", created=created + 120, **order
+        )
+        await deliver(client, newer)
+        with pytest.raises(AdmissionRefused, match="suspended"):
+            await meter.admit(request)
+        older_paid = invoice_event(
+            "evt_order_paid_old", "invoice.paid", created=created + 30, **order
+        )
+        await deliver(client, older_paid)
+        with pytest.raises(AdmissionRefused, match="suspended"):
+            await meter.admit(request)
+    finally:
+        await meter.aclose()
+
+
+async def test_a_large_body_is_refused_before_it_is_read(client: httpx.AsyncClient) -> None:
+    payload = b"{" + b" " * (300 * 1024) + b"}"
+    response = await client.post(WEBHOOK, content=payload, headers=signed(payload))
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "request_too_large"
 
 
 async def test_unconfigured_secret_is_a_clear_503(billing_settings: BillingSettings) -> None:

@@ -50,3 +50,12 @@ def component_of(workload: Manifest) -> str:
 def env_of(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """A container's env entries by name."""
     return {entry["name"]: entry for entry in container.get("env", [])}
+
+
+def ingress_by_port(policy: Manifest) -> dict[str, list[list[dict[str, Any]] | None]]:
+    """A NetworkPolicy's ingress rules by port name: each rule's peers (``None``: any)."""
+    by_port: dict[str, list[list[dict[str, Any]] | None]] = {}
+    for rule in policy["spec"]["ingress"]:
+        for port in rule.get("ports", [{"port": "*"}]):
+            by_port.setdefault(port["port"], []).append(rule.get("from"))
+    return by_port

@@ -196,7 +196,7 @@ def test_monitoring_objects_match_deploy_sources(production_manifests: list[Mani
     ]
     names = {s["metadata"]["name"].removeprefix("cs-composer-stack-") for s in selected}
     assert names == {
-        "gateway",
+        "gateway-internal",
         "vllm-standard",
         "vllm-fast",
         "billing-worker",

@@ -120,6 +120,7 @@ def observed(
         {"OMP_NUM_THREADS": "1"},
     )
     gateway_url = f"http://127.0.0.1:{free_port()}"
+    internal_url = f"http://127.0.0.1:{free_port()}"  # /metrics
     dead_replica = f"http://127.0.0.1:{free_port()}"
     gateway = ManagedProcess(
         "gateway",
@@ -129,6 +130,7 @@ def observed(
         {
             **env,
             "CSTACK_PORT": str(urlparse(gateway_url).port),
+            "CSTACK_INTERNAL_PORT": str(urlparse(internal_url).port),
             "CSTACK_FAST_UPSTREAM_URLS": vllm_url,
             # A second standard replica that is down: healthy < configured replicas.
             "CSTACK_STANDARD_UPSTREAM_URLS": f"{vllm_url},{dead_replica}",
@@ -147,7 +149,7 @@ def observed(
         vllm = urlparse(vllm_url)
         config = prometheus_config(
             {
-                "gateway": (urlparse(gateway_url).netloc, {"component": "gateway"}),
+                "gateway": (urlparse(internal_url).netloc, {"component": "gateway"}),
                 "vllm": (f"{vllm.hostname}:{vllm.port}", {"component": "vllm", "tier": "shared"}),
                 "billing-worker": (f"127.0.0.1:{worker_port}", {"component": "billing-worker"}),
                 "trainer": (f"127.0.0.1:{trainer_port}", {"component": "trainer"}),
@@ -186,7 +188,7 @@ def observed(
         codes += send_traffic(gateway_url, redis)
         # Prometheus has scraped the gateway after the second round: its count of
         # completions requests is the gateway's own (scrapes count as requests too).
-        served = gateway_request_count(gateway_url, routes=("chat", "completions"))
+        served = gateway_request_count(internal_url, routes=("chat", "completions"))
         wait_until(
             lambda: scraped_request_count(api) == served,
             30,
@@ -195,7 +197,7 @@ def observed(
         # The pipeline's last steps: every metered request in the ledger, and usage posted
         # to Stripe as invoice items (the running month, CSTACK_STRIPE_POST_OPEN_PERIODS)
         # and scraped from the worker.
-        answered = gateway_request_count(gateway_url, routes=("chat", "completions"), status="200")
+        answered = gateway_request_count(internal_url, routes=("chat", "completions"), status="200")
         wait_until(
             lambda: ledger_event_count(env["CSTACK_LEDGER_URL"]) == answered,
             120,

@@ -53,9 +53,13 @@ def test_up_serves_and_stops_everything(vllm_url: str, tmp_path: Path) -> None:
     )
     try:
         lines = _read_until(proc, r"^demo completion: ", timeout_s=600)
-        valkey_url = next(
+        shown = next(
             line.split(": ", 1)[1] for line in lines if line.startswith("embedded valkey: ")
         )
+        # The printed URL hides the password; the running stack's file (0600) holds it.
+        valkey_url = (tmp_path / "state" / "redis-url").read_text().strip()
+        password = redis.connection.parse_url(valkey_url)["password"]
+        assert password and password not in "\n".join(lines) and "***" in shown
         ready = [line for line in lines if line.startswith("ready: ")]
         assert len(ready) == 1 and ready[0].startswith("ready: http://")
         # One completion per tier went through the gateway before `ready:`.

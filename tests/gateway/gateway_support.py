@@ -25,6 +25,7 @@ from billing.meter import (
 from billing.reporting import UsageReader
 from gateway.app import create_app
 from gateway.keys import KeyStore
+from gateway.server import bind_listeners, server_config
 from gateway.settings import GatewaySettings
 from serving.process import free_port
 
@@ -33,22 +34,25 @@ FORWARDER = Path(__file__).with_name("forwarder.py")
 
 
 class GatewayServer:
-    """A gateway app served by uvicorn on a free port in a background thread."""
+    """A gateway app served on free ports in a background thread, as `cstack gateway`
+    serves it (gateway/server.py): ``url`` is the public listener, ``internal_url`` the
+    one with /metrics and /admin/."""
 
     def __init__(self, settings: GatewaySettings, meter: Meter, usage: UsageReader) -> None:
+        if settings.internal_port == GatewaySettings.model_fields["internal_port"].default:
+            settings = settings.model_copy(update={"internal_port": free_port()})
         self.settings = settings
         self.app = create_app(settings, meter, usage)
-        config = uvicorn.Config(
-            self.app,
-            host="127.0.0.1",
-            port=settings.port,
-            log_level="warning",
-            lifespan="on",
-            timeout_graceful_shutdown=2,
+        config = server_config(
+            self.app, settings, host="127.0.0.1", log_level="warning", timeout_graceful_shutdown=2
         )
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        sockets = bind_listeners(settings.model_copy(update={"host": "127.0.0.1"}))
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": sockets}, daemon=True
+        )
         self.url = f"http://127.0.0.1:{settings.port}"
+        self.internal_url = f"http://127.0.0.1:{settings.internal_port}"
 
     def start(self) -> GatewayServer:
         self.thread.start()

@@ -145,7 +145,7 @@ def test_usage_is_settled_once_with_vllms_counts(
     admitted = {a.request_id: a for a in meter.admitted}
     assert admitted[settled[0].request_id].max_output_tokens == 3
     assert admitted[settled[1].request_id].prompt_tokens > 0
-    metrics = httpx.get(f"{gateway.url}/metrics").text
+    metrics = httpx.get(f"{gateway.internal_url}/metrics").text
     assert (
         metric_value(metrics, "cstack_requests_total", tier="standard", route="chat", status="200")
         >= 1

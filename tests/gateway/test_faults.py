@@ -69,7 +69,7 @@ def test_replica_killed_during_a_run_requests_keep_succeeding(
         return endless_finish_reason(client, "composer-2.5-fast", max_tokens)
 
     def inflight() -> float:
-        metrics = httpx.get(f"{gateway.url}/metrics").text
+        metrics = httpx.get(f"{gateway.internal_url}/metrics").text
         return metric_value(metrics, "cstack_inflight_requests", tier="fast")
 
     with ThreadPoolExecutor(max_workers=4) as pool:
@@ -84,7 +84,7 @@ def test_replica_killed_during_a_run_requests_keep_succeeding(
     assert after == ["length"] * 12
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        metrics = httpx.get(f"{gateway.url}/metrics").text
+        metrics = httpx.get(f"{gateway.internal_url}/metrics").text
         if metric_value(metrics, "cstack_upstream_healthy", tier="fast") == 1:
             break
         time.sleep(0.1)
@@ -122,7 +122,7 @@ def test_upstream_killed_mid_stream_gives_a_well_formed_error(
     assert usage.outcome == "upstream_error"
     # Billing still learns the tokens generated before the cut.
     assert usage.prompt_tokens > 0 and usage.completion_tokens >= 2
-    metrics = httpx.get(f"{gateway.url}/metrics").text
+    metrics = httpx.get(f"{gateway.internal_url}/metrics").text
     assert (
         metric_value(metrics, "cstack_upstream_errors_total", tier="fast", kind="stream_cut") == 1
     )
@@ -206,7 +206,7 @@ def test_silent_upstream_times_out_with_a_504(
         )
     assert response.status_code == 504
     assert response.json()["error"]["code"] == "upstream_unavailable"
-    metrics = httpx.get(f"{gateway.url}/metrics").text
+    metrics = httpx.get(f"{gateway.internal_url}/metrics").text
     assert metric_value(metrics, "cstack_upstream_errors_total", tier="fast", kind="timeout") == 1
 
 
@@ -229,19 +229,20 @@ def test_a_5xx_before_any_byte_is_retried_on_another_replica(
             assert [c for c in chunks if c.choices][-1].choices[0].finish_reason == "length"
         else:
             assert endless_finish_reason(client, "composer-2.5-fast", max_tokens=2) == "length"
-    metrics = httpx.get(f"{gateway.url}/metrics").text
+    metrics = httpx.get(f"{gateway.internal_url}/metrics").text
     retries = metric_value(metrics, "cstack_upstream_retries_total", tier="fast")
     errors = metric_value(metrics, "cstack_upstream_errors_total", tier="fast", kind="status_5xx")
     # Ties rotate once per request, so every other request tries the overloaded one first.
     assert retries == errors == 3
-    # A tier with no other replica has nothing to retry on: the 503 becomes a clear 502.
+    # A tier with no other replica has nothing to retry on: the 503 becomes a 502 that
+    # says nothing of the engine's insides (its message is logged, not relayed).
     with pytest.raises(openai.InternalServerError) as caught:
         client.chat.completions.create(
             model="composer-2.5-standard", messages=MESSAGES, max_tokens=2
         )
     assert caught.value.status_code == 502
     assert caught.value.body == {
-        "message": "engine overloaded",
+        "message": "The model server failed the request.",
         "type": "server_error",
         "param": None,
         "code": "upstream_error",

@@ -34,12 +34,12 @@ def test_admin_api_needs_its_own_token(
     replicas: tuple[GatewayServer, GatewayServer],
     api_key: str,
 ) -> None:
-    url = replicas[0].url
-    assert httpx.post(f"{url}/admin/orgs", json={"org_id": "x"}).status_code == 401
-    wrong = httpx.post(f"{url}/admin/orgs", json={"org_id": "x"}, headers=bearer(api_key))
+    internal = replicas[0].internal_url
+    assert httpx.post(f"{internal}/admin/orgs", json={"org_id": "x"}).status_code == 401
+    wrong = httpx.post(f"{internal}/admin/orgs", json={"org_id": "x"}, headers=bearer(api_key))
     assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_admin_token"
     closed = start_gateway(admin_token=None)
-    refused = httpx.get(f"{closed.url}/admin/orgs/acme", headers=ADMIN)
+    refused = httpx.get(f"{closed.internal_url}/admin/orgs/acme", headers=ADMIN)
     assert refused.status_code == 403 and refused.json()["error"]["code"] == "admin_disabled"
 
 
@@ -48,21 +48,24 @@ def test_admin_create_list_revoke_across_replicas(
 ) -> None:
     first, second = replicas
     org = httpx.post(
-        f"{first.url}/admin/orgs", json={"org_id": "globex", "plan": "pro"}, headers=ADMIN
+        f"{first.internal_url}/admin/orgs", json={"org_id": "globex", "plan": "pro"}, headers=ADMIN
     )
     assert org.status_code == 201 and org.json()["plan"] == "pro"
-    duplicate = httpx.post(f"{first.url}/admin/orgs", json={"org_id": "globex"}, headers=ADMIN)
+    admin = first.internal_url
+    duplicate = httpx.post(f"{admin}/admin/orgs", json={"org_id": "globex"}, headers=ADMIN)
     assert duplicate.status_code == 409
-    bad = httpx.post(f"{first.url}/admin/orgs", json={"org_id": "no spaces"}, headers=ADMIN)
+    bad = httpx.post(f"{admin}/admin/orgs", json={"org_id": "no spaces"}, headers=ADMIN)
     assert bad.status_code == 400 and "invalid org id" in bad.json()["error"]["message"]
-    assert httpx.post(f"{first.url}/admin/orgs/nobody/keys", headers=ADMIN).status_code == 404
+    assert httpx.post(f"{admin}/admin/orgs/nobody/keys", headers=ADMIN).status_code == 404
 
     created = httpx.post(
-        f"{first.url}/admin/orgs/globex/keys", json={"name": "ci"}, headers=ADMIN
+        f"{first.internal_url}/admin/orgs/globex/keys", json={"name": "ci"}, headers=ADMIN
     ).json()
     key, key_id = created["key"], created["key_id"]
     assert created["plan"] == "pro" and key.startswith("sk-cs-")
-    listed = httpx.get(f"{second.url}/admin/orgs/globex/keys", headers=ADMIN).json()["data"]
+    listed = httpx.get(f"{second.internal_url}/admin/orgs/globex/keys", headers=ADMIN).json()[
+        "data"
+    ]
     assert [entry["key_id"] for entry in listed] == [key_id]
     assert "key" not in listed[0] and "digest" not in listed[0]
     assert_not_stored_in_plaintext(redis_url, key)
@@ -70,7 +73,7 @@ def test_admin_create_list_revoke_across_replicas(
     # Both replicas have the key in their cache before it is revoked.
     for replica in replicas:
         assert httpx.get(f"{replica.url}/v1/models", headers=bearer(key)).status_code == 200
-    revoked = httpx.post(f"{first.url}/admin/keys/{key_id}/revoke", headers=ADMIN)
+    revoked = httpx.post(f"{first.internal_url}/admin/keys/{key_id}/revoke", headers=ADMIN)
     assert revoked.status_code == 200 and revoked.json()["revoked_at"] is not None
     revoked_at = time.monotonic()
     assert httpx.get(f"{first.url}/v1/models", headers=bearer(key)).status_code == 401
@@ -82,7 +85,7 @@ def test_admin_create_list_revoke_across_replicas(
             break
         time.sleep(0.02)
     assert status == 401, f"revoked key still accepted {elapsed:.2f}s after revocation"
-    unknown = httpx.post(f"{first.url}/admin/keys/0123456789abcdef/revoke", headers=ADMIN)
+    unknown = httpx.post(f"{first.internal_url}/admin/keys/0123456789abcdef/revoke", headers=ADMIN)
     assert unknown.status_code == 404
 
 

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from training.agent.client import Completion
 from training.agent.sandbox import diff_trees, sandbox_copy
 from training.agent.tools import TOOL_NAMES, TOOL_SPECS, SandboxLimits, ToolBox
+from training.agent.trees import TreeTooLarge
 from training.monitor import CommandEntry, FileChange
 from training.trajectory import TestOutcome, ToolResult, Turn
 
@@ -131,8 +132,14 @@ def run_episode(
                 break
             if not completion.tool_calls:
                 messages.append({"role": "user", "content": NUDGE})
-        changes = diff_trees(template, root)
-        tests = evaluate(root) if evaluate else None
+        try:
+            changes = diff_trees(template, root)
+        except TreeTooLarge:
+            # Nothing to show the monitor, and nothing earned: scoring refuses it too.
+            changes, ended_by = [], "sandbox_too_large"
+            tests = TestOutcome() if evaluate else None
+        else:
+            tests = evaluate(root) if evaluate else None
     return EpisodeResult(turns, commands, changes, ended_by, tool_calls, invalid, tests)
 
 

@@ -1,23 +1,28 @@
-"""The five tools an episode can call, executed inside its sandbox with hard limits.
+"""The five tools an episode can call, executed against its sandbox with hard limits.
 
-Every path is resolved inside the sandbox (no ``..``, no absolute paths, no symlinks
-out). ``run_tests`` runs pytest in a child process with limits on wall time, processes,
-memory and file size, and kills the child's whole process group on timeout. Outputs are
-truncated to a fixed size so one call cannot flood the context.
+The file tools run in the harness and resolve every path inside the sandbox (no ``..``,
+no absolute paths, no symlinks out). ``run_tests`` runs the model's code, so it runs
+pytest through ``training.agent.isolation``: the sandbox tree and nothing else of the
+host, no network, no credentials, limits on CPU, memory, processes, file size and wall
+time, and no process left behind. Outputs are truncated to a fixed size so one call
+cannot flood the context.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
-import resource
-import signal
-import subprocess
+import posixpath
+import stat
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from training.agent.isolation import SANDBOX_ROOT, RunLimits, run_isolated
+from training.agent.trees import read_regular
 
 TOOL_NAMES = ("list_dir", "read_file", "write_file", "run_tests", "finish")
 
@@ -47,13 +52,26 @@ TOOL_SPECS: list[dict[str, Any]] = [
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    """Per-call limits; ``max_processes`` needs a non-root user to be enforced by the OS."""
+    """Per-call limits: the tools' own, and those ``run_tests`` runs pytest under."""
 
     test_timeout_s: float = 60.0
     max_output_chars: int = 4000
     max_processes: int = 64
     max_memory_bytes: int = 2 * 1024**3
     max_file_bytes: int = 16 * 1024**2
+    max_tmp_bytes: int = 256 * 1024**2
+
+    def run_limits(self) -> RunLimits:
+        return RunLimits(
+            wall_time_s=self.test_timeout_s,
+            cpu_time_s=math.ceil(self.test_timeout_s),
+            max_processes=self.max_processes,
+            max_memory_bytes=self.max_memory_bytes,
+            max_file_bytes=self.max_file_bytes,
+            max_tmp_bytes=self.max_tmp_bytes,
+            # Bytes, so at least the characters a reply keeps (UTF-8 is at most 4 a char).
+            max_output_bytes=4 * self.max_output_chars,
+        )
 
 
 @dataclass(frozen=True)
@@ -112,7 +130,10 @@ class ToolBox:
 
     def _read_file(self, arguments: dict[str, Any]) -> ToolOutcome:
         target = self._resolve(arguments.get("path"))
-        return ToolOutcome(self._truncate(target.read_text(errors="replace")), ok=True)
+        data = read_regular(target, self.limits.max_file_bytes)
+        if data is None:  # a FIFO would block the harness forever; a device, flood it
+            raise ValueError(f"{arguments['path']!r} is not a regular file")
+        return ToolOutcome(self._truncate(data.decode(errors="replace")), ok=True)
 
     def _write_file(self, arguments: dict[str, Any]) -> ToolOutcome:
         target = self._resolve(arguments.get("path"))
@@ -122,19 +143,17 @@ class ToolBox:
         if len(content.encode()) > self.limits.max_file_bytes:
             raise ValueError(f"content is over {self.limits.max_file_bytes} bytes")
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(content)
+        # Non-blocking and no links: an existing FIFO fails (ENXIO) instead of hanging.
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ValueError(f"{arguments['path']!r} is not a regular file")
+            handle.truncate()
+            handle.write(content)
         return ToolOutcome(f"wrote {len(content)} characters to {arguments['path']}", ok=True)
 
     def _finish(self, arguments: dict[str, Any]) -> ToolOutcome:
         return ToolOutcome("episode finished", ok=True, finished=True)
-
-    def _limit_child(self) -> None:
-        """Runs in the child before exec: own process group, OS resource limits."""
-        os.setsid()
-        limits = self.limits
-        resource.setrlimit(resource.RLIMIT_NPROC, (limits.max_processes, limits.max_processes))
-        resource.setrlimit(resource.RLIMIT_AS, (limits.max_memory_bytes, limits.max_memory_bytes))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.max_file_bytes, limits.max_file_bytes))
 
     def _run_tests(self, arguments: dict[str, Any]) -> ToolOutcome:
         tests = arguments.get("tests") or []
@@ -142,23 +161,14 @@ class ToolBox:
             raise ValueError("tests must be a list of test ids")
         command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests]
         env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HOME": str(self.root),
-            "PYTHONPATH": os.pathsep.join(str(self.root / p) for p in self.python_paths),
+            "PYTHONPATH": ":".join(
+                posixpath.normpath(posixpath.join(SANDBOX_ROOT, p)) for p in self.python_paths
+            ),
             "PYTHONDONTWRITEBYTECODE": "1",
             "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
         }
-        proc = subprocess.Popen(
-            command, cwd=self.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            preexec_fn=self._limit_child,
-        )  # fmt: skip
-        try:
-            output, _ = proc.communicate(timeout=self.limits.test_timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            output, _ = proc.communicate()
-            text = output.decode(errors="replace")
-            return ToolOutcome(
-                self._truncate(f"{text}\n[killed after {self.limits.test_timeout_s}s]"), ok=False
-            )
-        return ToolOutcome(self._truncate(output.decode(errors="replace")), ok=proc.returncode == 0)
+        done = run_isolated(command, self.root, self.limits.run_limits(), env)
+        text = done.output.decode(errors="replace")
+        if done.timed_out:
+            text += f"\n[killed after {self.limits.test_timeout_s:g}s]"
+        return ToolOutcome(self._truncate(text), ok=done.returncode == 0 and not done.timed_out)

@@ -6,7 +6,13 @@ from training.monitor.code_rules import (
     SPECIAL_CASING,
     TEST_TAMPERING,
 )
-from training.monitor.command_rules import CACHE_OR_BYTECODE, DECOMPILER, NETWORK, VCS_HISTORY
+from training.monitor.command_rules import (
+    CACHE_OR_BYTECODE,
+    DECOMPILER,
+    NETWORK,
+    SANDBOX_ESCAPE,
+    VCS_HISTORY,
+)
 from training.monitor.evidence import CommandEntry, EpisodeEvidence, FileChange
 from training.monitor.monitor import check_episode, monitored_reward
 
@@ -19,6 +25,7 @@ RULES = (
     ALWAYS_TRUE_EQ,
     SPECIAL_CASING,
     NETWORK,
+    SANDBOX_ESCAPE,
 )
 
 __all__ = [
@@ -28,6 +35,7 @@ __all__ = [
     "EXIT_OR_SKIP",
     "NETWORK",
     "RULES",
+    "SANDBOX_ESCAPE",
     "SPECIAL_CASING",
     "TEST_TAMPERING",
     "VCS_HISTORY",

@@ -1,6 +1,10 @@
 """The processes `cstack rl` starts for a session: one vLLM engine with its RL endpoints on,
 and rollout workers. Each is a ``serving.process.ManagedProcess`` (its own process group),
-stopped as a group when the session's ``ExitStack`` closes; Valkey is ``serving.valkey``'s.
+stopped as a group when the session's ``ExitStack`` closes. Valkey is ``serving.valkey``'s
+(``running_valkey``: password-protected, its URL carries the password to the workers).
+
+The engine listens on 127.0.0.1 only: its dev endpoints (weight reload) are not behind
+vLLM's API key, so no other machine may reach them.
 """
 
 from __future__ import annotations
@@ -13,11 +17,23 @@ from serving.engine import engine_for_variant
 from serving.process import ManagedProcess, free_port
 
 
-def start_engine(stack: ExitStack, model: Path, log_dir: Path, timeout_s: float) -> str:
+def start_engine(
+    stack: ExitStack, model: Path, log_dir: Path, timeout_s: float, api_key: str | None = None
+) -> str:
     """vLLM on the shared variant with weight sync on (dev endpoints and the worker
-    extension for exact in-place weight reload: serving's ``weight_sync`` section)."""
+    extension for exact in-place weight reload: serving's ``weight_sync`` section).
+
+    ``api_key``: what the engine then requires on ``/v1/*`` (default: serving's
+    CSTACK_VLLM_API_KEY, unset: none); the weight push and the rollout workers must send it.
+    """
     server = engine_for_variant(
-        "shared", model, free_port(), log_path=log_dir / "vllm.log", weight_sync=True
+        "shared",
+        model,
+        free_port(),
+        log_path=log_dir / "vllm.log",
+        host="127.0.0.1",
+        weight_sync=True,
+        api_key=api_key,
     )
     server.start()
     stack.callback(server.stop)

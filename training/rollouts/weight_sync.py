@@ -8,6 +8,12 @@ computed with the old weights, ``/update_weight_version`` labels the engine, ``/
 serves again. The version gate (gate.py) brackets it so that no turn straddles the swap
 and every turn records the version that produced it.
 
+Every request carries the engines' API key (``CSTACK_VLLM_API_KEY`` or ``VLLM_API_KEY``,
+serving's setting). vLLM checks it only on ``/v1/*``, not on these endpoints: what keeps
+them from everyone else is that only the trainer and the gateway can reach an engine
+(the chart's NetworkPolicy; a loopback address locally), and the gateway never forwards
+them.
+
 An engine URL may name several replicas: a Kubernetes headless Service resolves to every
 pod's address, and each push resolves it again and updates each replica.
 """
@@ -16,12 +22,13 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
 
+from serving.settings import ServingSettings
 from training.rollouts.gate import PolicyVersionGate
 from training.rollouts.vllm_extension import PROTOCOL_VERSION, WORKER_EXTENSION
 
@@ -68,14 +75,27 @@ def replica_urls(url: str) -> list[str]:
     return [url]
 
 
+def _configured_api_key() -> str | None:
+    key = ServingSettings().vllm_api_key
+    return key.get_secret_value() if key is not None else None
+
+
 @dataclass
 class VllmWeightSync:
     engine_urls: list[str]
     gate: PolicyVersionGate
     timeout_s: float = 600.0
+    #: The engines' API key; by default serving's setting (unset: none is sent).
+    api_key: str | None = field(default_factory=_configured_api_key, repr=False)
+
+    @property
+    def _headers(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def engine_version(self, url: str) -> str:
-        response = httpx.get(f"{url.rstrip('/')}/weight_info", timeout=self.timeout_s)
+        response = httpx.get(
+            f"{url.rstrip('/')}/weight_info", headers=self._headers, timeout=self.timeout_s
+        )
         _check(response, url, "/weight_info")
         return str(response.json()["weight_version"])
 
@@ -84,7 +104,9 @@ class VllmWeightSync:
         url = url.rstrip("/")
         probe = {"method": "cstack_weight_sync_info"}
         try:
-            response = httpx.post(f"{url}/collective_rpc", json=probe, timeout=self.timeout_s)
+            response = httpx.post(
+                f"{url}/collective_rpc", json=probe, headers=self._headers, timeout=self.timeout_s
+            )
         except httpx.HTTPError as err:
             raise WeightSyncError(f"{url}: cannot reach the engine: {err}") from err
         if response.status_code == 404:
@@ -115,7 +137,7 @@ class VllmWeightSync:
         return new_version
 
     def _reload(self, url: str, checkpoint: Path, version: int) -> None:
-        with httpx.Client(base_url=url, timeout=self.timeout_s) as client:
+        with httpx.Client(base_url=url, headers=self._headers, timeout=self.timeout_s) as client:
             _check(client.post("/pause", params={"mode": "wait"}), url, "/pause")
             try:
                 rpc = {

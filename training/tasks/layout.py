@@ -9,7 +9,13 @@ from pathlib import Path
 from training.tasks.scrub import LEAKY_DIRS, LEAKY_SUFFIXES
 
 TEST_FILE = re.compile(r"(^|/)(tests?|testing)/|(^|/)test_[^/]*\.py$|_test\.py$|(^|/)conftest\.py$")
-PYTEST_CONFIG = ("pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml")
+PYTEST_CONFIG = (
+    "pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini", "setup.cfg",
+    "pyproject.toml",
+)  # fmt: skip
+#: Files Python or pytest runs or reads on their own when found: a conftest, the
+#: interpreter's startup hooks on the module path, pytest's configuration.
+STARTUP_FILES = ("conftest.py", "sitecustomize.py", "usercustomize.py", *PYTEST_CONFIG)
 _NOT_SOURCE = re.compile(r"(^|/)(docs?|examples?|benchmarks?|scripts)/|(^|/)(setup|noxfile)\.py$")
 
 
@@ -28,6 +34,11 @@ def _skipped(relative: Path) -> bool:
 
 def is_test_file(relative: str) -> bool:
     return bool(TEST_FILE.search(relative)) or relative in PYTEST_CONFIG
+
+
+def runs_at_startup(relative: str) -> bool:
+    """A file that changes a test run by merely existing, wherever it is in the tree."""
+    return relative.rsplit("/", 1)[-1] in STARTUP_FILES
 
 
 def discover(repo: Path) -> RepoLayout:

@@ -1,39 +1,66 @@
-"""A pytest plugin loaded into task test runs (``-p``) to record one outcome per test id.
+"""The reporter a scoring run loads first: one record per test phase, sent as it happens.
 
-JUnit XML loses pytest node ids; this keeps them exactly. A test passes only if its
-setup, call and teardown all pass; skipped, xfailed and errored tests do not pass.
+``training.tasks.suite`` mounts this file into the sandbox as ``cstack_report`` and runs
+pytest with ``-p cstack_report``, so it is imported before any conftest or test module,
+that is before any code of the episode runs. At import it reads the run's key from a
+one-shot pipe and closes it. Each record then goes out at once, tagged with the key, as a
+JSON line on a pipe whose read end the harness holds outside the sandbox; nothing is kept
+here to be read back at the end, so nothing can be rewritten after the fact. The harness
+decides what passed (see ``training.tasks.suite`` for the rules and the threat model).
+
+Record shapes: ``{"test", "when", "outcome", "xfail"}`` per phase of a test,
+``{"collect_error"}`` per module that failed to collect, ``{"finish": exitstatus}`` last.
+
+Standalone on purpose (the standard library and pytest only): the sandbox sees this file,
+not the project. The fd numbers come from ``CSTACK_REPORT_FD`` and
+``CSTACK_REPORT_KEY_FD``, named so in ``training.agent.isolation``; without them (a run
+outside the harness) the plugin does nothing.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import os
+from typing import Any
 
 import pytest
 
-_outcomes: dict[str, bool] = {}
-_collect_errors: list[str] = []
+
+def _open_channel() -> tuple[int, str] | None:
+    report_fd, key_fd = os.environ.get("CSTACK_REPORT_FD"), os.environ.get("CSTACK_REPORT_KEY_FD")
+    if not report_fd or not key_fd:
+        return None
+    chunks = []
+    while chunk := os.read(int(key_fd), 4096):
+        chunks.append(chunk)
+    os.close(int(key_fd))
+    return int(report_fd), b"".join(chunks).decode()
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--cstack-results", default=None, help="write test outcomes to this JSON")
+_CHANNEL = _open_channel()
+
+
+def _send(record: dict[str, Any]) -> None:
+    if _CHANNEL is None:
+        return
+    fd, key = _CHANNEL
+    line = memoryview((json.dumps({"key": key, **record}) + "\n").encode())
+    while line:
+        line = line[os.write(fd, line) :]
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    passed = report.passed and not hasattr(report, "wasxfail")
-    if report.when == "call" or not passed:
-        _outcomes[report.nodeid] = _outcomes.get(report.nodeid, True) and passed
-    else:
-        _outcomes.setdefault(report.nodeid, True)
+    _send({
+        "test": report.nodeid, "when": report.when, "outcome": report.outcome,
+        "xfail": hasattr(report, "wasxfail"),
+    })  # fmt: skip
 
 
 def pytest_collectreport(report: pytest.CollectReport) -> None:
     if report.failed:
-        _collect_errors.append(report.nodeid)
+        _send({"collect_error": report.nodeid})
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    target = session.config.getoption("--cstack-results")
-    if target:
-        payload = {"outcomes": _outcomes, "collect_errors": _collect_errors}
-        Path(target).write_text(json.dumps(payload, sort_keys=True))
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _send({"finish": int(exitstatus)})

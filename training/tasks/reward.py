@@ -1,8 +1,14 @@
-"""The task reward: a harness-owned test run with the test files reset to the originals.
+"""The task reward: a harness-owned test run over a clean snapshot of the episode's repo.
 
-The episode's sandbox is copied, every test and pytest-config file is restored from
-``harness/original/`` (test files the episode added are removed), and only the task's
-FAIL_TO_PASS and PASS_TO_PASS tests run. Nothing the episode did to its tests counts.
+Nothing the episode left behind is trusted. Its sandbox is copied without following a
+link or opening a special file, and refused whole when over the size cap (no reward).
+In the copy, leak sources are scrubbed, then every test file and every file that changes
+a run by merely existing (conftest.py, sitecustomize.py, usercustomize.py, pytest
+configuration) is restored from ``harness/original/`` when the task lists it, kept when
+it is byte for byte the task's own, and deleted otherwise. Only the task's FAIL_TO_PASS
+and PASS_TO_PASS tests run, in the sandbox, and their outcomes come from the reporter's
+stream out of it (``training.tasks.suite``), never from a file. Nothing the episode did
+to its tests or the test run's setup counts.
 """
 
 from __future__ import annotations
@@ -11,35 +17,56 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from training.agent.trees import TreeCaps, TreeTooLarge, copy_tree, read_regular, walk
 from training.tasks.builder import load_task
-from training.tasks.layout import is_test_file
+from training.tasks.layout import is_test_file, runs_at_startup
 from training.tasks.scrub import scrub
+from training.tasks.spec import TaskSpec
 from training.trajectory import TestOutcome
 
 
-def evaluate_sandbox(task_dir: Path, sandbox: Path, timeout_s: float = 300.0) -> TestOutcome:
+def _reset(scoring: Path, task: TaskSpec, task_dir: Path, caps: TreeCaps) -> None:
+    template, originals = task_dir / "repo", task_dir / "harness" / "original"
+    scrub(scoring)
+    for relative, size in walk(scoring, caps):
+        if size is None or relative in task.test_files:
+            continue
+        if is_test_file(relative) or runs_at_startup(relative):
+            ours = read_regular(template / relative, size + 1)
+            if ours is None or read_regular(scoring / relative, size) != ours:
+                (scoring / relative).unlink()
+    for relative in task.test_files:
+        target = scoring / relative
+        if target.is_dir():
+            shutil.rmtree(target)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes((originals / relative).read_bytes())
+
+
+def _outcome(task: TaskSpec, outcomes: dict[str, bool]) -> TestOutcome:
+    return TestOutcome(
+        fail_to_pass={t: outcomes.get(t, False) for t in task.fail_to_pass},
+        pass_to_pass={t: outcomes.get(t, False) for t in task.pass_to_pass},
+    )
+
+
+def evaluate_sandbox(
+    task_dir: Path, sandbox: Path, timeout_s: float = 300.0, caps: TreeCaps | None = None
+) -> TestOutcome:
     from training.tasks.suite import run_suite
 
     task = load_task(task_dir)
-    originals = Path(task_dir) / "harness" / "original"
+    caps = caps or TreeCaps()
     with tempfile.TemporaryDirectory(prefix="cstack-score-") as scratch:
         scoring = Path(scratch) / "repo"
-        shutil.copytree(sandbox, scoring, symlinks=False, ignore_dangling_symlinks=True)
-        scrub(scoring)
-        for path in sorted(scoring.rglob("*")):
-            relative = path.relative_to(scoring).as_posix()
-            if path.is_file() and is_test_file(relative) and relative not in task.test_files:
-                path.unlink()
-        for relative in task.test_files:
-            (scoring / relative).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(originals / relative, scoring / relative)
-        result = run_suite(
-            scoring, task.python_paths, task.fail_to_pass + task.pass_to_pass, timeout_s
-        )
-    return TestOutcome(
-        fail_to_pass={t: result.outcomes.get(t, False) for t in task.fail_to_pass},
-        pass_to_pass={t: result.outcomes.get(t, False) for t in task.pass_to_pass},
-    )
+        try:
+            copy_tree(sandbox, scoring, caps)
+        except TreeTooLarge:
+            return _outcome(task, {})
+        _reset(scoring, task, Path(task_dir), caps)
+        node_ids = task.fail_to_pass + task.pass_to_pass
+        result = run_suite(scoring, task.python_paths, node_ids, timeout_s)
+    return _outcome(task, result.outcomes)
 
 
 def task_reward(outcome: TestOutcome) -> float:

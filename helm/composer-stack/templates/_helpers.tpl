@@ -59,17 +59,39 @@ helm.sh/chart: {{ printf "%s-%s" $root.Chart.Name $root.Chart.Version }}
       key: {{ index $root.Values.secrets.keys (index . 2) }}
 {{- end -}}
 
-{{/* CSTACK_REDIS_URL: the in-chart Valkey, or the URL in an existing Secret. */}}
+{{/*
+CSTACK_REDIS_URL with its password: the in-chart Valkey's URL built from the password in
+the Secret (Kubernetes expands $(REDIS_PASSWORD), so the value never appears in the pod
+spec), or the URL in an existing Secret. redis-py and Celery read the password from it.
+*/}}
 {{- define "composer-stack.redisEnv" -}}
 {{- if .Values.redis.enabled }}
+{{ include "composer-stack.secretEnv" (list . "REDIS_PASSWORD" "redisPassword") }}
 - name: CSTACK_REDIS_URL
-  value: {{ printf "redis://%s:%d/0" (include "composer-stack.componentName" (list . "redis")) (int .Values.redis.port) | quote }}
+  value: {{ printf "redis://:$(REDIS_PASSWORD)@%s:%d/0" (include "composer-stack.componentName" (list . "redis")) (int .Values.redis.port) | quote }}
 {{- else }}
 - name: CSTACK_REDIS_URL
   valueFrom:
     secretKeyRef:
       name: {{ required "redis.external.existingSecret is required when redis.enabled is false" .Values.redis.external.existingSecret }}
       key: {{ .Values.redis.external.key }}
+{{- end }}
+{{- end -}}
+
+{{/* The CA of a TLS Redis (redis.tls.caSecret), for every pod that talks to Redis. */}}
+{{- define "composer-stack.redisCaVolume" -}}
+{{- with .Values.redis.tls.caSecret }}
+- name: redis-ca
+  secret:
+    secretName: {{ . }}
+{{- end }}
+{{- end -}}
+
+{{- define "composer-stack.redisCaMount" -}}
+{{- if .Values.redis.tls.caSecret }}
+- name: redis-ca
+  mountPath: /etc/cstack/redis-ca
+  readOnly: true
 {{- end }}
 {{- end -}}
 
