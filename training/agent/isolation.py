@@ -168,11 +168,15 @@ def _bwrap_args(tree: Path, mounts: Sequence[Mount], limits: RunLimits, root: bo
     for name in _SYSTEM_FILES:
         if Path(name).is_file():
             args += [*_dirs_for(name, made), "--ro-bind", name, name]
-    for prefix in _python_roots():
-        args += [*_dirs_for(str(prefix), made), "--ro-bind", str(prefix), str(prefix)]
     tmpfs = ["--perms", "1777", "--size", str(limits.max_tmp_bytes), "--tmpfs"]
     args += ["--proc", "/proc", "--dev", "/dev", *tmpfs, "/dev/shm", "--remount-ro", "/dev"]
-    args += [*tmpfs, "/tmp", "--bind", str(tree), SANDBOX_ROOT]
+    # The private /tmp before the interpreter: a checkout (and its venv) under the host's
+    # /tmp stays visible, bound over the fresh tmpfs instead of hidden by it.
+    args += [*tmpfs, "/tmp"]
+    made.add("/tmp")
+    for prefix in _python_roots():
+        args += [*_dirs_for(str(prefix), made), "--ro-bind", str(prefix), str(prefix)]
+    args += ["--bind", str(tree), SANDBOX_ROOT]
     for mount in mounts:
         args += [*_dirs_for(mount.target, made), "--ro-bind", str(mount.source), mount.target]
     return [*args, "--remount-ro", "/", "--chdir", SANDBOX_ROOT]
