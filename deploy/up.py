@@ -65,9 +65,11 @@ def tier_completion(base_url: str, api_key: str, tier: str) -> tuple[str, str]:
     from openai import OpenAI
 
     client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
-    reply = client.chat.completions.create(
+    raw = client.chat.completions.with_raw_response.create(
         model=f"composer-2.5-{tier}",
         messages=[{"role": "user", "content": "Say hello."}],
         max_tokens=16,
     )
-    return str(reply.service_tier), reply.choices[0].message.content or ""
+    reply = raw.parse()
+    # Our tier's name; the answer's service_tier holds OpenAI's (priority / default).
+    return raw.headers.get("x-cstack-tier", "?"), reply.choices[0].message.content or ""

@@ -8,6 +8,12 @@ and values of vLLM's own non-streaming answer for chat and text completions: tex
 message (content, tool calls), logprobs, finish and stop reasons, token ids, usage with
 its details. One difference is vLLM's own: a tool call cut by ``max_tokens`` is a partial
 call when streamed, where the unstreamed answer has the raw text as content.
+
+Where vLLM's unstreamed answer breaks OpenAI's published schema
+(``tests/gateway/openai_response_schema.json``), the assembled one follows the schema:
+fields it lets be absent but not null (a message's ``annotations`` and ``function_call``,
+usage details, ``system_fingerprint``) are left out when vLLM has none, and a chat
+choice's logprobs carry ``refusal``. vLLM's own extra fields stay as vLLM answers them.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from typing import Any
 
 import pydantic_core
 
-from gateway.sse import UsageTally, event_payload, split_events
+from gateway.sse import UsageTally, drop_null_usage_details, event_payload, split_events
 
 
 class Assembler:
@@ -92,25 +98,30 @@ class Assembler:
         usage = self.tally.usage
         prompt = _int(usage.get("prompt_tokens"))
         completion = _int(usage.get("completion_tokens"))
-        return {
+        reported: dict[str, Any] = {
             "prompt_tokens": prompt,
             "total_tokens": _int(usage.get("total_tokens")) or prompt + completion,
             "completion_tokens": completion,
             "prompt_tokens_details": usage.get("prompt_tokens_details"),
             "completion_tokens_details": usage.get("completion_tokens_details"),
         }
+        drop_null_usage_details(reported)
+        return reported
 
     def top(self) -> dict[str, Any]:
-        return {
+        body: dict[str, Any] = {
             "id": self.head.get("id"),
             "object": self.object_name,
             "created": self.head.get("created"),
             "model": self.head.get("model"),
             "choices": [self.finish(self.choices[i]) for i in sorted(self.choices)],
+            # The relay sets the tier that served the request.
             "service_tier": None,
-            "system_fingerprint": self.head.get("system_fingerprint"),
             "usage": self.answer_usage(),
         }
+        if self.head.get("system_fingerprint") is not None:
+            body["system_fingerprint"] = self.head["system_fingerprint"]
+        return body
 
     def finish(self, state: dict[str, Any]) -> dict[str, Any]:
         return state
@@ -159,7 +170,7 @@ class ChatAssembler(Assembler):
         logprobs = choice.get("logprobs")
         if isinstance(logprobs, dict):
             if state["logprobs"] is None:
-                state["logprobs"] = {"content": []}
+                state["logprobs"] = {"content": [], "refusal": None}
             state["logprobs"]["content"].extend(logprobs.get("content") or ())
         if isinstance(choice.get("token_ids"), list):
             state["token_ids"] = (state["token_ids"] or []) + choice["token_ids"]
@@ -173,9 +184,7 @@ class ChatAssembler(Assembler):
             "role": state["role"],
             "content": content,
             "refusal": None,
-            "annotations": None,
             "audio": None,
-            "function_call": None,
         }
         if calls:  # vLLM leaves an empty list out
             message["tool_calls"] = calls

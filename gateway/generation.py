@@ -3,8 +3,10 @@
 The request body is validated once by pydantic (in Rust) and the upstream body is
 serialised once from the validated model. vLLM is always asked for a stream with
 continuous usage, so the tokens generated so far are known however the request ends;
-streams are relayed with only ``model`` and ``service_tier`` rewritten, and a client that
-asked for one JSON answer gets it assembled in vLLM's unstreamed shape (``assemble``).
+streams are relayed with ``model`` and ``service_tier`` rewritten and their chunks
+mended where vLLM's break OpenAI's schema (``sse``), and a client that asked for one JSON
+answer gets it assembled in vLLM's unstreamed shape, held to the same schema
+(``assemble``). ``x-cstack-tier`` names the tier that served the request.
 
 Admission reserves the request's worst case, which must be an upper bound (billing's
 promise that no org ends a period more than one request's worst case over its limit rests
@@ -42,7 +44,14 @@ from gateway.relay import Exchange, Relay
 from gateway.settings import GatewaySettings
 from gateway.sse import StreamRewriter
 from gateway.tiers import TierRoute, TierRouter
+from serving.tiers import TIERS, Tier
 
+#: Our name of the tier that served a completion: the body's ``service_tier`` is in
+#: OpenAI's values (serving.tiers.ANSWER_SERVICE_TIERS), which do not name our tiers.
+TIER_HEADER = "x-cstack-tier"
+_TIER_HEADERS: dict[Tier, tuple[bytes, bytes]] = {
+    tier: (TIER_HEADER.encode(), tier.encode()) for tier in TIERS
+}
 UPSTREAM_STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
 #: Tokens allowed for what a chat template adds once when a request declares tools (the
 #: tiny checkpoint's Hermes-style preamble is about 110; 512 leaves room for longer ones).
@@ -125,20 +134,24 @@ class GenerationHandler:
                     continuous_usage=bool(options and options.continuous_usage_stats),
                     choices_per_prompt=per_prompt,
                 )
-                return await self._relay.stream(
+                response = await self._relay.stream(
                     exchange, request.receive, endpoint.path, shape.upstream_body, rewriter
                 )
-            assembler: Assembler = (
-                ChatAssembler(parsed.tool_choice)
-                if isinstance(parsed, ChatCompletionRequest)
-                else CompletionAssembler(per_prompt)
-            )
-            return await self._relay.complete(
-                exchange, request.receive, endpoint.path, shape.upstream_body, assembler
-            )
+            else:
+                assembler: Assembler = (
+                    ChatAssembler(parsed.tool_choice)
+                    if isinstance(parsed, ChatCompletionRequest)
+                    else CompletionAssembler(per_prompt)
+                )
+                response = await self._relay.complete(
+                    exchange, request.receive, endpoint.path, shape.upstream_body, assembler
+                )
         except GatewayError as exc:
-            exc.headers = {**admission.headers, **exc.headers}
+            exc.headers = {**admission.headers, **exc.headers, TIER_HEADER: route.tier}
             raise
+        # Appended raw: building MutableHeaders for one header costs more on the hot path.
+        response.raw_headers.append(_TIER_HEADERS[route.tier])
+        return response
 
     async def _admit(self, admission_request: AdmissionRequest) -> Admission:
         try:

@@ -38,6 +38,7 @@ from gateway.upstream import (
     UpstreamResponse,
     UpstreamTimeout,
 )
+from serving.tiers import ANSWER_SERVICE_TIERS
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -221,7 +222,7 @@ class Relay:
             raise stream_error(assembler.error)
         data = assembler.answer()
         data["model"] = exchange.route.public_model
-        data["service_tier"] = exchange.route.tier
+        data["service_tier"] = ANSWER_SERVICE_TIERS[exchange.route.tier]
         # Settled once the body is on its way: billing's Redis write adds no latency.
         settle = BackgroundTask(self.settle, exchange, "complete", assembler.usage)
         return Response(

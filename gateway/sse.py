@@ -4,6 +4,12 @@ The gateway always asks vLLM for ``continuous_usage_stats`` so that a stream cut
 still has its true token count. The client gets per-chunk usage only if it asked for
 ``continuous_usage_stats``, ``"usage": null`` per chunk plus the final usage chunk if it
 asked for ``include_usage`` (OpenAI's behaviour), and no usage at all otherwise.
+
+Each chunk leaves in OpenAI's published schema (``tests/gateway/openai_response_schema.json``):
+``model`` and ``service_tier`` are ours, and the two places where vLLM's chunks break the
+schema are mended in place, touching only keys that are there: usage detail objects that
+are null, and a chat choice's logprobs without ``refusal``. (vLLM's rare in-stream error
+is rewritten whole: its ``code`` is a number.)
 """
 
 from __future__ import annotations
@@ -12,7 +18,26 @@ from typing import Any
 
 import pydantic_core
 
+from serving.tiers import ANSWER_SERVICE_TIERS, Tier
+
 DONE_EVENT = b"data: [DONE]\n\n"
+
+
+def drop_null_usage_details(usage: dict[str, Any]) -> None:
+    """vLLM sends ``completion_tokens_details: null`` (and may send a null
+    ``prompt_tokens_details``); OpenAI's usage lets a detail object be absent, never null."""
+    for key in ("prompt_tokens_details", "completion_tokens_details"):
+        if key in usage and usage[key] is None:
+            del usage[key]
+
+
+def fill_logprobs_refusal(choices: list[Any]) -> None:
+    """A chat choice's logprobs object must carry ``refusal`` next to ``content``; vLLM
+    leaves it out (it never refuses). Text completions' logprobs have no ``content``."""
+    for choice in choices:
+        logprobs = choice.get("logprobs") if isinstance(choice, dict) else None
+        if logprobs and "content" in logprobs and "refusal" not in logprobs:
+            logprobs["refusal"] = None
 
 
 def _count(value: object) -> int:
@@ -80,13 +105,13 @@ class StreamRewriter:
     def __init__(
         self,
         public_model: str,
-        tier: str,
+        tier: Tier,
         include_usage: bool,
         continuous_usage: bool,
         choices_per_prompt: int | None = None,
     ) -> None:
         self.public_model = public_model
-        self.tier = tier
+        self.service_tier = ANSWER_SERVICE_TIERS[tier]
         self.include_usage = include_usage
         self.continuous_usage = continuous_usage
         #: What billing settles on.
@@ -125,11 +150,14 @@ class StreamRewriter:
             return None
         if "error" in data:
             self.failed = True
-            return b"data: " + payload + b"\n\n"
+            return upstream_error_event(data["error"])
+        choices = data.get("choices")
         usage = data.get("usage")
-        if usage and isinstance(usage, dict):
-            self.tally.observe(usage, data.get("choices"))
-        if not data.get("choices") and usage is not None:
+        if isinstance(usage, dict):
+            if usage:
+                self.tally.observe(usage, choices)
+            drop_null_usage_details(usage)
+        if not choices and usage is not None:
             # vLLM's final usage-only chunk.
             if not self.include_usage:
                 return None
@@ -138,9 +166,27 @@ class StreamRewriter:
                 data["usage"] = None
             else:
                 data.pop("usage", None)
+        if choices and isinstance(choices, list):
+            fill_logprobs_refusal(choices)
         data["model"] = self.public_model
-        data["service_tier"] = self.tier
+        data["service_tier"] = self.service_tier
         return b"data: " + pydantic_core.to_json(data) + b"\n\n"
+
+
+def upstream_error_event(error: object) -> bytes:
+    """vLLM's in-stream error in OpenAI's error shape: vLLM's ``code`` is the HTTP status
+    as a number, OpenAI's a string (or null)."""
+    detail = error if isinstance(error, dict) else {"message": str(error)}
+    code, param = detail.get("code"), detail.get("param")
+    body = {
+        "error": {
+            "message": str(detail.get("message") or "upstream error"),
+            "type": str(detail.get("type") or "server_error"),
+            "param": param if isinstance(param, str) else None,
+            "code": None if code is None else str(code),
+        }
+    }
+    return b"data: " + pydantic_core.to_json(body) + b"\n\n"
 
 
 def error_event(message: str, code: str) -> bytes:

@@ -23,15 +23,23 @@ PUBLIC_MODELS: dict[str, Tier | None] = {
     "composer-2.5-fast": "fast",
     "composer-2.5-standard": "standard",
 }
-#: OpenAI's own ``service_tier`` values map onto ours so unmodified clients work.
+#: A request's ``service_tier``: ours, and OpenAI's own values with OpenAI's meaning, so
+#: unmodified clients work: "auto" picks our default tier (as omitting it does), "default"
+#: is OpenAI's standard processing, "priority" its fast one. An answer's value sent back
+#: in the next request selects the same tier.
 SERVICE_TIERS: dict[str, Tier] = {
     "auto": "fast",
-    "default": "fast",
+    "default": "standard",
     "fast": "fast",
     "priority": "fast",
     "standard": "standard",
     "flex": "standard",
 }
+#: The ``service_tier`` an answer reports, in OpenAI's values: clients that validate
+#: answers against OpenAI's schema know no others. Fast is OpenAI's priority processing
+#: (which answers "priority" whether asked for "fast" or "priority"), standard its
+#: "default". Our own name is in the ``x-cstack-tier`` response header.
+ANSWER_SERVICE_TIERS: dict[Tier, str] = {"fast": "priority", "standard": "default"}
 
 
 class UnknownModel(ValueError):

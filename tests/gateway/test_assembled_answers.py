@@ -1,7 +1,8 @@
 """A non-streaming answer is assembled from vLLM's stream (so that tokens are billed however
 the request ends); it must be what vLLM itself answers unstreamed, key for key and value
 for value, for chat and text completions: text and messages, tool calls, logprobs, finish
-and stop reasons, token ids, usage."""
+and stop reasons, token ids, usage. Null fields aside: the gateway leaves out those that
+OpenAI's schema lets be absent but not null (test_openai_schema checks the shape)."""
 
 from __future__ import annotations
 
@@ -63,11 +64,13 @@ NOT_STREAMED = {"prompt_logprobs"}
 
 def comparable(value: Any) -> Any:
     if isinstance(value, dict):
-        out = {k: comparable(v) for k, v in value.items() if k not in VARYING | NOT_STREAMED}
-        if "cached_tokens" in out:
-            # prompt_tokens_details: vLLM's streamed usage leaves out its null extension
-            # fields (created_cache_tokens, multimodal_tokens), OpenAI's schema lets them be absent.
-            out = {k: v for k, v in out.items() if v is not None}
+        # Null fields are compared as absent: see the module docstring. (vLLM's streamed
+        # usage also leaves out its null extension fields of prompt_tokens_details.)
+        out = {
+            k: comparable(v)
+            for k, v in value.items()
+            if k not in VARYING | NOT_STREAMED and v is not None
+        }
         if isinstance(out.get("arguments"), str):
             # vLLM's unstreamed tool parser re-serialises the arguments it parsed; streamed,
             # they are the model's own text. Either way the same JSON value.
@@ -94,7 +97,7 @@ def test_assembled_answer_is_vllms_unstreamed_answer(
     )
     assert relayed.status_code == 200, relayed.text
     answer = relayed.json()
-    assert (answer["model"], answer["service_tier"]) == ("composer-2.5", "fast")
+    assert (answer["model"], answer["service_tier"]) == ("composer-2.5", "priority")
     assert comparable(answer) == comparable(direct.json())
     if body.get("tools") and answer["choices"][0]["finish_reason"] != "length":
         assert answer["choices"][0]["message"]["tool_calls"][0]["id"]

@@ -45,7 +45,7 @@ def test_chat_defaults_to_fast_tier(client: openai.OpenAI) -> None:
     response = client.chat.completions.create(model="composer-2.5", messages=MESSAGES, max_tokens=4)
     assert isinstance(response, ChatCompletion)
     assert response.model == "composer-2.5"
-    assert response.service_tier == "fast"
+    assert response.service_tier == "priority"  # OpenAI's name of our fast tier
     assert response.usage is not None and response.usage.completion_tokens <= 4
     assert response.choices[0].message.role == "assistant"
 
@@ -53,10 +53,10 @@ def test_chat_defaults_to_fast_tier(client: openai.OpenAI) -> None:
 @pytest.mark.parametrize(
     ("model", "service_tier", "served"),
     [
-        ("composer-2.5", "standard", "standard"),
-        ("composer-2.5", "flex", "standard"),
-        ("composer-2.5-standard", None, "standard"),
-        ("composer-2.5-fast", "standard", "fast"),
+        ("composer-2.5", "standard", "default"),  # OpenAI's name of our standard tier
+        ("composer-2.5", "flex", "default"),
+        ("composer-2.5-standard", None, "default"),
+        ("composer-2.5-fast", "standard", "priority"),
     ],
 )
 def test_tier_served_is_echoed(
@@ -80,7 +80,7 @@ def test_stream_with_usage(client: openai.OpenAI) -> None:
     )
     assert all(isinstance(chunk, ChatCompletionChunk) for chunk in chunks)
     assert {chunk.model for chunk in chunks} == {"composer-2.5-standard"}
-    assert {chunk.service_tier for chunk in chunks} == {"standard"}
+    assert {chunk.service_tier for chunk in chunks} == {"default"}
     # OpenAI's shape: usage only on the final, choice-less chunk.
     assert all(chunk.usage is None for chunk in chunks[:-1])
     final = chunks[-1]
@@ -201,7 +201,7 @@ async def test_async_client_streams_and_completes(async_client: openai.AsyncOpen
     response = await async_client.chat.completions.create(
         model="composer-2.5-standard", messages=MESSAGES, max_tokens=3
     )
-    assert response.service_tier == "standard"
+    assert response.service_tier == "default"
     stream = await async_client.chat.completions.create(
         model="composer-2.5-fast",
         messages=MESSAGES,
@@ -211,5 +211,5 @@ async def test_async_client_streams_and_completes(async_client: openai.AsyncOpen
     )
     chunks = [chunk async for chunk in stream]
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3
-    assert {chunk.service_tier for chunk in chunks} == {"fast"}
+    assert {chunk.service_tier for chunk in chunks} == {"priority"}
     await async_client.close()
