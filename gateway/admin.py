@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gateway.auth import Authenticator
 from gateway.errors import GatewayError
 from gateway.keys import KeyStore, KeyStoreError
+from serving.tiers import DEFAULT_TIER, Tier
 
 
 class CreateOrg(BaseModel):
@@ -26,6 +27,14 @@ class CreateOrg(BaseModel):
     plan: Annotated[str, Field(max_length=64)] = ""
     #: The billing provider's customer id (Stripe ``cus_...``), if any.
     customer_id: Annotated[str, Field(max_length=200)] = ""
+    #: The tier of requests without ``service_tier`` (or with "auto").
+    default_tier: Tier = DEFAULT_TIER
+
+
+class UpdateOrg(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    default_tier: Tier
 
 
 class CreateKey(BaseModel):
@@ -66,7 +75,9 @@ def build_admin_router(store: KeyStore, auth: Authenticator) -> APIRouter:
     @router.post("/orgs", status_code=201)
     async def create_org(body: CreateOrg) -> dict[str, Any]:
         try:
-            org = await store.create_org(body.org_id, body.name, body.plan, body.customer_id)
+            org = await store.create_org(
+                body.org_id, body.name, body.plan, body.customer_id, body.default_tier
+            )
         except KeyStoreError as exc:
             raise store_error(exc) from None
         return {"object": "organization", **org.__dict__}
@@ -76,6 +87,15 @@ def build_admin_router(store: KeyStore, auth: Authenticator) -> APIRouter:
         org = await store.get_org(org_id)
         if org is None:
             raise GatewayError(404, f"unknown org {org_id!r}", code="not_found")
+        return {"object": "organization", **org.__dict__}
+
+    @router.patch("/orgs/{org_id}")
+    async def update_org(org_id: str, body: UpdateOrg) -> dict[str, Any]:
+        try:
+            org = await store.set_default_tier(org_id, body.default_tier)
+        except KeyStoreError as exc:
+            raise store_error(exc) from None
+        auth.invalidate()  # this replica at once; the others at their next epoch poll
         return {"object": "organization", **org.__dict__}
 
     @router.post("/orgs/{org_id}/keys", status_code=201)

@@ -20,6 +20,7 @@ from redis.exceptions import RedisError
 
 from gateway.errors import GatewayError, unauthorized
 from gateway.keys import ApiKey, KeyStore, digest
+from serving.tiers import DEFAULT_TIER, Tier
 
 logger = logging.getLogger(__name__)
 CACHE_MAX_ENTRIES = 100_000
@@ -31,6 +32,8 @@ class Principal:
 
     key: ApiKey
     customer_id: str | None
+    #: The tier a request without ``service_tier`` (or with "auto") gets.
+    default_tier: Tier = DEFAULT_TIER
 
 
 class Authenticator:
@@ -87,7 +90,9 @@ class Authenticator:
         if key is None:
             return None
         org = await self._store.get_org(key.org_id)
-        return Principal(key, (org.customer_id or None) if org else None)
+        if org is None:
+            return Principal(key, None)
+        return Principal(key, org.customer_id or None, org.default_tier)
 
     async def _refresh_epoch(self) -> None:
         if self._refresh is None or self._refresh.done():

@@ -10,7 +10,9 @@ import typer
 
 T = TypeVar("T")
 
-keys_app = typer.Typer(help="Create, revoke and list API keys (talks to Redis directly).")
+keys_app = typer.Typer(
+    help="API keys, and an org's default tier: create, revoke, list (talks to Redis directly)."
+)
 
 
 def gateway(
@@ -109,6 +111,23 @@ def revoke_key(key_id: Annotated[str, typer.Argument(help="The key's id (not the
     except KeyStoreError as exc:
         _fail(str(exc))
     typer.echo(f"revoked {record.key_id} (org {record.org_id})")
+
+
+@keys_app.command("default-tier")
+def default_tier(
+    org: Annotated[str, typer.Argument(help="Org id.")],
+    tier: Annotated[
+        str, typer.Argument(help="fast or standard: the tier of requests without service_tier.")
+    ],
+) -> None:
+    """Set the tier an org's requests get when they name no service_tier (or "auto")."""
+    from gateway.keys import KeyStoreError
+
+    try:
+        record = _with_store(lambda store: store.set_default_tier(org, tier))
+    except KeyStoreError as exc:
+        _fail(str(exc))
+    typer.echo(f"org {record.org_id}: default tier {record.default_tier}")
 
 
 @keys_app.command("list")

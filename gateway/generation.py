@@ -104,7 +104,7 @@ class GenerationHandler:
         principal = await self._auth.authenticate(request.headers.get("authorization"))
         body = await read_body(request, self._settings.max_body_bytes)
         parsed = parse_request(endpoint.model, body)
-        route = self._router.resolve(parsed.model, parsed.service_tier)
+        route = self._router.resolve(parsed.model, parsed.service_tier, principal.default_tier)
         request.scope[TIER] = route.tier
         shape = self.shape(parsed, route, len(body))
         request_id: str = request.scope[REQUEST_ID]

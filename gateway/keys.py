@@ -14,9 +14,11 @@ import hmac
 import re
 import secrets
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from redis.asyncio import Redis
+
+from serving.tiers import DEFAULT_TIER, TIERS, Tier
 
 KEY_PREFIX = "sk-cs-"
 EPOCH_KEY = "cstack:keys:epoch"
@@ -36,6 +38,8 @@ class Org:
     plan: str
     customer_id: str
     created_at: float
+    #: The tier its requests get without a ``service_tier`` (or with "auto").
+    default_tier: Tier = DEFAULT_TIER
 
 
 @dataclass(frozen=True)
@@ -83,13 +87,26 @@ class KeyStore:
         self.default_plan = default_plan
 
     async def create_org(
-        self, org_id: str, name: str = "", plan: str = "", customer_id: str = ""
+        self,
+        org_id: str,
+        name: str = "",
+        plan: str = "",
+        customer_id: str = "",
+        default_tier: Tier = DEFAULT_TIER,
     ) -> Org:
         if not ORG_ID_PATTERN.match(org_id):
             raise KeyStoreError(
                 f"invalid org id {org_id!r}: use 1-64 letters, digits, '_', '.', '-'"
             )
-        org = Org(org_id, name or org_id, plan or self.default_plan, customer_id, time.time())
+        _check_tier(default_tier)
+        org = Org(
+            org_id,
+            name or org_id,
+            plan or self.default_plan,
+            customer_id,
+            time.time(),
+            default_tier,
+        )
         created = await self.redis.hsetnx(_org_key(org_id), "org_id", org_id)
         if not created:
             raise KeyStoreError(f"org {org_id!r} already exists")
@@ -110,7 +127,21 @@ class KeyStore:
             plan=fields[b"plan"].decode(),
             customer_id=fields.get(b"customer_id", b"").decode(),
             created_at=float(fields[b"created_at"]),
+            default_tier=_stored_tier(fields.get(b"default_tier")),
         )
+
+    async def set_default_tier(self, org_id: str, tier: Tier) -> Org:
+        """Change ``org_id``'s default tier; every replica's cached keys see it within the
+        revocation poll (the epoch moves, as for a revocation)."""
+        _check_tier(tier)
+        org = await self.get_org(org_id)
+        if org is None:
+            raise KeyStoreError(f"unknown org {org_id!r}")
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(_org_key(org_id), "default_tier", tier)
+            pipe.incr(EPOCH_KEY)
+            await pipe.execute()
+        return replace(org, default_tier=tier)
 
     async def create_key(self, org_id: str, plan: str = "", name: str = "") -> tuple[str, ApiKey]:
         """A new key for an existing org: ``(plaintext shown once, stored record)``."""
@@ -185,7 +216,19 @@ def _org_fields(org: Org) -> dict[str | bytes, str | bytes | int | float]:
         "plan": org.plan,
         "customer_id": org.customer_id,
         "created_at": repr(org.created_at),
+        "default_tier": org.default_tier,
     }
+
+
+def _check_tier(tier: str) -> None:
+    if tier not in TIERS:
+        raise KeyStoreError(f"invalid tier {tier!r}: one of {', '.join(TIERS)}")
+
+
+def _stored_tier(value: bytes | None) -> Tier:
+    """An org stored before tiers had a default per org gets the product's default."""
+    tier = value.decode() if value else DEFAULT_TIER
+    return tier if tier in TIERS else DEFAULT_TIER  # type: ignore[return-value]
 
 
 def _key_record(key_id: str, fields: dict[bytes, bytes]) -> ApiKey:

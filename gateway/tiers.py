@@ -13,6 +13,7 @@ from gateway.errors import GatewayError, bad_request
 from gateway.settings import GatewaySettings
 from serving.settings import ServingSettings
 from serving.tiers import (
+    DEFAULT_TIER,
     PUBLIC_MODELS,
     TIERS,
     Tier,
@@ -64,9 +65,11 @@ class TierRouter:
             max_tokens={tier: settings.max_tokens_for(tier) for tier in TIERS},
         )
 
-    def resolve(self, model: str, service_tier: str | None) -> TierRoute:
+    def resolve(
+        self, model: str, service_tier: str | None, org_default: Tier = DEFAULT_TIER
+    ) -> TierRoute:
         try:
-            tier = resolve_tier(model, service_tier)
+            tier = resolve_tier(model, service_tier, org_default)
         except UnknownModel as exc:
             raise GatewayError(404, str(exc), param="model", code="model_not_found") from None
         except UnknownServiceTier as exc:

@@ -24,11 +24,11 @@ PUBLIC_MODELS: dict[str, Tier | None] = {
     "composer-2.5-standard": "standard",
 }
 #: A request's ``service_tier``: ours, and OpenAI's own values with OpenAI's meaning, so
-#: unmodified clients work: "auto" picks our default tier (as omitting it does), "default"
-#: is OpenAI's standard processing, "priority" its fast one. An answer's value sent back
-#: in the next request selects the same tier.
-SERVICE_TIERS: dict[str, Tier] = {
-    "auto": "fast",
+#: unmodified clients work: "auto" (None here) is the org's default tier, as omitting
+#: ``service_tier`` is; "default" is OpenAI's standard processing, "priority" its fast
+#: one. An answer's value sent back in the next request selects the same tier.
+SERVICE_TIERS: dict[str, Tier | None] = {
+    "auto": None,
     "default": "standard",
     "fast": "fast",
     "priority": "fast",
@@ -58,11 +58,11 @@ class UnknownServiceTier(ValueError):
         super().__init__(f"service_tier: unknown tier {service_tier!r} (one of {known})")
 
 
-def resolve_tier(model: str, service_tier: str | None) -> Tier:
+def resolve_tier(model: str, service_tier: str | None, org_default: Tier = DEFAULT_TIER) -> Tier:
     """The tier that serves (and so bills) a request for ``model`` with ``service_tier``.
 
     A suffixed model id fixes its tier and ignores ``service_tier``; the family id follows
-    ``service_tier`` and otherwise takes the default tier.
+    ``service_tier``, and without one (or with "auto") takes the org's default tier.
     """
     if model not in PUBLIC_MODELS:
         raise UnknownModel(model)
@@ -70,7 +70,7 @@ def resolve_tier(model: str, service_tier: str | None) -> Tier:
     if tier is not None:
         return tier
     if service_tier is None:
-        return DEFAULT_TIER
+        return org_default
     if service_tier not in SERVICE_TIERS:
         raise UnknownServiceTier(service_tier)
-    return SERVICE_TIERS[service_tier]
+    return SERVICE_TIERS[service_tier] or org_default

@@ -225,7 +225,7 @@ def test_service_tier_is_openais_and_the_header_names_ours(
 ) -> None:
     """Every ``service_tier`` a request may name is accepted; the answer says OpenAI's
     name of the tier that served it (fast: priority, standard: default), the header ours."""
-    tier = SERVICE_TIERS[requested] if requested else DEFAULT_TIER
+    tier = (SERVICE_TIERS[requested] if requested else None) or DEFAULT_TIER
     body = {**CHAT, "max_tokens": 1, "stream": stream}
     if requested:
         body["service_tier"] = requested

@@ -36,3 +36,12 @@ def test_unknown_models_and_service_tiers_are_refused() -> None:
         resolve_tier("my-model-fast", None)
     with pytest.raises(UnknownServiceTier, match="unknown tier 'turbo'"):
         resolve_tier("composer-2.5", "turbo")
+
+
+def test_openai_values_keep_openais_meaning_and_auto_is_the_orgs_default() -> None:
+    for org_default in TIERS:
+        assert resolve_tier("composer-2.5", None, org_default) == org_default
+        assert resolve_tier("composer-2.5", "auto", org_default) == org_default
+        assert resolve_tier("composer-2.5", "default", org_default) == "standard"
+        assert resolve_tier("composer-2.5", "priority", org_default) == "fast"
+        assert resolve_tier("composer-2.5-fast", None, org_default) == "fast"
