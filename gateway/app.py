@@ -25,6 +25,7 @@ from billing.meter import Meter
 from billing.reporting import UsageReader, UsageUnavailable
 from gateway.admin import build_admin_router
 from gateway.auth import Authenticator
+from gateway.capacity import slot_policies
 from gateway.errors import (
     GatewayError,
     bad_request,
@@ -40,7 +41,10 @@ from gateway.relay import Relay
 from gateway.settings import GatewaySettings
 from gateway.tiers import TierRouter
 from gateway.upstream import Upstreams
+from serving.profile import detect_profile
+from serving.settings import ServingSettings
 from serving.tiers import PUBLIC_MODELS, TIERS
+from serving.variants import load_variants
 
 logger = logging.getLogger(__name__)
 
@@ -99,9 +103,16 @@ def _build_parts(settings: GatewaySettings, meter: Meter) -> _Parts:
         poll_s=settings.revocation_poll_s,
         staleness_s=settings.revocation_staleness_s,
     )
+    urls_by_tier = {tier: settings.upstreams_for(tier) for tier in TIERS}
+    serving = ServingSettings()
+    book = load_variants(serving.variants_file)
     upstreams = Upstreams(
-        {tier: settings.upstreams_for(tier) for tier in TIERS},
+        urls_by_tier,
         metrics,
+        slot_policies=slot_policies(urls_by_tier, book, detect_profile(serving.serving_profile))
+        if settings.engine_admission
+        else None,
+        max_queue_wait_s={tier: book.admission.max_queue_wait_s[tier] for tier in TIERS},
         connect_timeout_s=settings.connect_timeout_s,
         read_timeout_s=settings.read_timeout_s,
         max_connections=settings.max_connections_per_upstream,

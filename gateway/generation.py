@@ -121,7 +121,15 @@ class GenerationHandler:
             max_duration_s=self._settings.max_request_duration_s,
         )
         admission = await self._admit(admission_request)
-        exchange = Exchange(request_id, route, principal, admission, datetime.now(UTC), deadline)
+        exchange = Exchange(
+            request_id,
+            route,
+            principal,
+            admission,
+            datetime.now(UTC),
+            deadline,
+            sequences=shape.prompts * shape.n,
+        )
         # A text completion's choice i answers prompt i // n; a chat has a single prompt.
         per_prompt = shape.n if isinstance(parsed, CompletionRequest) else None
         try:

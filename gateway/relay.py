@@ -26,6 +26,7 @@ from starlette.types import Receive, Scope, Send
 from billing.meter import Admission, Meter, Outcome, UsageReport
 from gateway.assemble import Assembler
 from gateway.auth import Principal
+from gateway.capacity import EngineBusy
 from gateway.errors import GatewayError, upstream_unavailable
 from gateway.http1 import UpstreamCut, UpstreamReadTimeout
 from gateway.metrics import GatewayMetrics
@@ -59,6 +60,8 @@ class Exchange:
     started_at: datetime
     #: Event-loop time at which the request has run its maximum duration.
     deadline: float
+    #: Sequences the engine runs for it (prompts x n): the engine slots it takes.
+    sequences: int = 1
     started: float = field(default_factory=time.perf_counter)
     settled: bool = False
 
@@ -151,7 +154,16 @@ class Relay:
         headers = {"content-type": "application/json", "x-request-id": exchange.request_id}
         pool = self._pools[exchange.route.tier]
         try:
-            return await pool.open(path, body, headers, avoid)
+            return await pool.open(path, body, headers, avoid, exchange.sequences)
+        except EngineBusy as exc:
+            await self.settle(exchange, "upstream_error", {})
+            raise GatewayError(
+                503,
+                f"The {exchange.route.tier} tier is at capacity; retry shortly.",
+                type="server_error",
+                code="engine_overloaded",
+                headers={"retry-after": "1"},
+            ) from exc
         except NoUpstreamAvailable as exc:
             # The reason names replicas' addresses: for the log, never for the client.
             logger.warning("request %s: no upstream could serve it: %s", exchange.request_id, exc)

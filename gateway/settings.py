@@ -50,6 +50,10 @@ class GatewaySettings(BaseSettings):
     #: Longest silence allowed between two bytes from an upstream (also non-streaming).
     read_timeout_s: float = 600.0
     max_connections_per_upstream: int = 512
+    #: Hold each engine's requests to its batch size and share its slots between the tiers
+    #: as serving/variants.yaml's ``admission`` says (gateway/capacity.py). Off only for
+    #: benchmarks of the relay itself against a stub upstream.
+    engine_admission: bool = True
     health_interval_s: float = 1.0
     health_timeout_s: float = 1.0
 

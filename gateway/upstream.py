@@ -15,8 +15,10 @@ import json
 import logging
 from dataclasses import dataclass, field
 
+from gateway.capacity import EngineSlots, SlotPolicy
 from gateway.http1 import ConnectionPool, Response, UpstreamConnectError, UpstreamReadTimeout
 from gateway.metrics import GatewayMetrics
+from serving.tiers import Tier
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +37,8 @@ class Replica:
     pool: ConnectionPool | None = None
     healthy: bool = True
     outstanding: int = 0
+    #: Its engine's request slots, shared by the tiers it serves; None: no limit.
+    slots: EngineSlots | None = None
     #: The context length its engine reports (``GET /v1/models``); None until it has.
     max_model_len: int | None = None
 
@@ -50,21 +54,39 @@ class UpstreamResponse:
 
     replica: Replica
     response: Response
+    tier: str
+    #: The engine slots it holds (0 on a replica without a slot limit).
+    slots: int
     _closed: bool = field(default=False)
 
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self.replica.outstanding -= 1
+            release(self.replica, self.tier, self.slots)
             self.response.close()
+
+
+def release(replica: Replica, tier: str, slots: int) -> None:
+    """The request has left ``replica``: its slots (and its count) free up."""
+    replica.outstanding -= 1
+    if replica.slots is not None and slots:
+        replica.slots.give_back(tier, slots)
 
 
 class UpstreamPool:
     """The replicas serving one tier (a replica may also serve the other tier)."""
 
-    def __init__(self, tier: str, replicas: list[Replica], metrics: GatewayMetrics) -> None:
+    def __init__(
+        self,
+        tier: Tier,
+        replicas: list[Replica],
+        metrics: GatewayMetrics,
+        max_queue_wait_s: float = 30.0,
+    ) -> None:
         self.tier = tier
         self.replicas = replicas
+        #: How long a request may wait in the gateway for a slot on a full engine.
+        self.max_queue_wait_s = max_queue_wait_s
         self._rotation = itertools.count()
         self._errors = {
             kind: metrics.upstream_errors.labels(tier, kind)
@@ -106,12 +128,23 @@ class UpstreamPool:
             return None
         start = turn % len(candidates)
         rotated = candidates[start:] + candidates[:start]
-        return min(rotated, key=lambda replica: replica.outstanding)
+        return min(rotated, key=lambda replica: (self._full(replica), replica.outstanding))
+
+    def _full(self, replica: Replica) -> bool:
+        slots = replica.slots
+        return slots is not None and (slots.waiting(self.tier) > 0 or not slots.has_room(self.tier))
 
     async def open(
-        self, path: str, content: bytes, headers: dict[str, str], avoid: Replica | None = None
+        self,
+        path: str,
+        content: bytes,
+        headers: dict[str, str],
+        avoid: Replica | None = None,
+        sequences: int = 1,
     ) -> UpstreamResponse:
-        """Send to the best replica (never ``avoid``: it just failed this request)."""
+        """Send to the best replica (never ``avoid``: it just failed this request), once
+        its engine has slots for the request's ``sequences`` (``EngineBusy`` if it has not
+        within the pool's queue wait)."""
         tried: set[Replica] = set() if avoid is None else {avoid}
         last_error = "no upstream replica configured"
         turn = next(self._rotation)
@@ -122,31 +155,34 @@ class UpstreamPool:
             if attempt or avoid is not None:
                 self._retries.inc()
             tried.add(replica)
+            taken = 0
+            if replica.slots is not None:
+                taken = await replica.slots.take(self.tier, self.max_queue_wait_s, sequences)
             replica.outstanding += 1
             try:
                 response = await replica.client.request(path, content, headers)
             except UpstreamReadTimeout:
-                replica.outstanding -= 1
+                release(replica, self.tier, taken)
                 self.count_error("timeout")
                 raise UpstreamTimeout(f"upstream {replica.url} timed out") from None
             except UpstreamConnectError as exc:
                 # Refused, reset or dropped before any response byte: try another replica.
-                replica.outstanding -= 1
+                release(replica, self.tier, taken)
                 self._mark_down(replica)
                 self.count_error("connect")
                 last_error = f"upstream {replica.url} unreachable ({exc})"
                 continue
             except BaseException:
-                replica.outstanding -= 1
+                release(replica, self.tier, taken)
                 raise
             if response.status >= 500:
                 self.count_error("status_5xx")
                 last_error = f"upstream {replica.url} answered {response.status}"
                 if attempt == 0 and len(self.replicas) > 1:
-                    replica.outstanding -= 1
+                    release(replica, self.tier, taken)
                     response.close()
                     continue
-            return UpstreamResponse(replica, response)
+            return UpstreamResponse(replica, response, self.tier, taken)
         raise NoUpstreamAvailable(last_error)
 
     def _mark_down(self, replica: Replica) -> None:
@@ -161,9 +197,11 @@ class Upstreams:
 
     def __init__(
         self,
-        urls_by_tier: dict[str, list[str]],
+        urls_by_tier: dict[Tier, list[str]],
         metrics: GatewayMetrics,
         *,
+        slot_policies: dict[str, SlotPolicy] | None = None,
+        max_queue_wait_s: dict[Tier, float] | None = None,
         connect_timeout_s: float,
         read_timeout_s: float,
         max_connections: int,
@@ -171,16 +209,24 @@ class Upstreams:
         health_timeout_s: float,
         api_key: str | None = None,
     ) -> None:
-        """``api_key``: the upstreams' (vLLM's) key, sent on every request to them."""
+        """``api_key``: the upstreams' (vLLM's) key, sent on every request to them.
+        ``slot_policies``: per URL, how its engine's slots are shared (none: no limit);
+        ``max_queue_wait_s``: per tier, the longest wait for a slot."""
         self._connect_timeout_s = connect_timeout_s
         self._api_key = api_key
         self._read_timeout_s = read_timeout_s
         self._max_connections = max_connections
         self.replicas: dict[str, Replica] = {}
+        policies = slot_policies or {}
         for url in itertools.chain.from_iterable(urls_by_tier.values()):
-            self.replicas.setdefault(url, Replica(url))
-        self.pools = {
-            tier: UpstreamPool(tier, [self.replicas[url] for url in urls], metrics)
+            policy = policies.get(url)
+            slots = None if policy is None else EngineSlots(policy)
+            self.replicas.setdefault(url, Replica(url, slots=slots))
+        waits = max_queue_wait_s or {}
+        self.pools: dict[str, UpstreamPool] = {
+            tier: UpstreamPool(
+                tier, [self.replicas[url] for url in urls], metrics, waits.get(tier, 30.0)
+            )
             for tier, urls in urls_by_tier.items()
         }
         self._health_interval_s = health_interval_s

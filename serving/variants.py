@@ -39,11 +39,29 @@ class WeightSync:
 
 
 @dataclass(frozen=True)
+class Admission:
+    """How the gateway shares an engine's request slots between tiers (the file's
+    ``admission`` section says what each field means)."""
+
+    standard_max_share: float = 0.75
+    standard_min_share: float = 0.25
+    max_queue_wait_s: dict[str, float] = field(
+        default_factory=lambda: {"fast": 10.0, "standard": 60.0}
+    )
+
+
+@dataclass(frozen=True)
 class VariantBook:
     served_model_name: str
     variants: dict[str, Variant]
     profiles: dict[str, dict[str, Any]]
     weight_sync: WeightSync = field(default_factory=WeightSync)
+    admission: Admission = field(default_factory=Admission)
+
+    def max_num_seqs(self, variant: str, profile: str) -> int | None:
+        """The batch size an engine of ``variant`` runs with (None: vLLM's default)."""
+        value = self.engine_args(variant, profile).get("max-num-seqs")
+        return None if value is None else int(value)
 
     def variant(self, name: str) -> Variant:
         try:
@@ -108,6 +126,7 @@ def load_variants(path: Path) -> VariantBook:
             raise VariantError(f"variants file {path} lacks the {tier!r} variant")
     sync = raw.get("weight_sync") or {}
     return VariantBook(
+        admission=_admission(raw.get("admission") or {}, path),
         served_model_name=str(raw.get("served_model_name", "composer-2.5")),
         variants=variants,
         profiles={k: dict(v or {}) for k, v in (raw.get("profiles") or {}).items()},
@@ -116,3 +135,19 @@ def load_variants(path: Path) -> VariantBook:
             engine_args=dict(sync.get("engine_args") or {}),
         ),
     )
+
+
+def _admission(raw: dict[str, Any], path: Path) -> Admission:
+    defaults = Admission()
+    waits = {**defaults.max_queue_wait_s, **(raw.get("max_queue_wait_s") or {})}
+    admission = Admission(
+        standard_max_share=float(raw.get("standard_max_share", defaults.standard_max_share)),
+        standard_min_share=float(raw.get("standard_min_share", defaults.standard_min_share)),
+        max_queue_wait_s={tier: float(wait) for tier, wait in waits.items()},
+    )
+    shares = (admission.standard_min_share, admission.standard_max_share)
+    if not 0 <= shares[0] <= shares[1] <= 1:
+        raise VariantError(f"{path}: admission shares must be 0 <= min <= max <= 1")
+    if set(admission.max_queue_wait_s) != set(TIERS) or min(waits.values()) <= 0:
+        raise VariantError(f"{path}: admission.max_queue_wait_s needs a positive wait per tier")
+    return admission

@@ -1,0 +1,176 @@
+"""Tier-aware admission into engines: an engine's request slots, shared between the tiers.
+
+vLLM's priority scheduling only orders an engine's waiting queue: it keeps no room for
+fast, and under fast load it lets standard wait without bound. So the gateway holds each
+engine's requests to its batch size (``max-num-seqs``) itself and decides who goes next:
+
+- On an engine both tiers share, standard may hold at most ``standard_max_share`` of the
+  slots: the rest is room a fast request finds free at once.
+- Standard is never starved: while standard requests wait and hold fewer than
+  ``standard_min_share`` of the slots, fast may not take the slots that share needs, and
+  a freed slot goes to standard first.
+- A request that finds no slot waits in the gateway, first come first served within its
+  tier, at most ``max_queue_wait_s`` for its tier; then ``EngineBusy`` (a 503 with
+  ``retry-after``). On an engine of one tier (production pools) only the batch size and
+  the wait apply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from serving.tiers import TIERS, Tier
+from serving.variants import VariantBook
+
+
+class EngineBusy(Exception):
+    """No slot freed up within the tier's longest queue wait."""
+
+    def __init__(self, tier: str, waited_s: float) -> None:
+        super().__init__(f"the {tier} tier's engines stayed full for {waited_s:.0f}s")
+        self.tier = tier
+
+
+@dataclass(frozen=True)
+class SlotPolicy:
+    """How one engine's slots are shared (from serving/variants.yaml's ``admission``)."""
+
+    #: The engine's batch size: requests in flight on it at most.
+    size: int
+    #: Whether both tiers use this engine.
+    shared: bool
+    standard_max_share: float = 0.75
+    standard_min_share: float = 0.25
+
+    @property
+    def standard_cap(self) -> int:
+        return (
+            self.size
+            if not self.shared
+            else max(1, math.floor(self.size * self.standard_max_share))
+        )
+
+    @property
+    def standard_floor(self) -> int:
+        return (
+            0
+            if not self.shared
+            else min(self.standard_cap, math.ceil(self.size * self.standard_min_share))
+        )
+
+
+class EngineSlots:
+    """The slots of one engine; ``take`` before sending it a request, ``give_back`` once
+    the request has left it (answered, failed or aborted)."""
+
+    def __init__(self, policy: SlotPolicy) -> None:
+        self.policy = policy
+        self.in_flight: dict[str, int] = dict.fromkeys(TIERS, 0)
+        self._waiting: dict[str, deque[asyncio.Future[int]]] = {t: deque() for t in TIERS}
+        self._weights: dict[asyncio.Future[int], int] = {}
+
+    def waiting(self, tier: str) -> int:
+        return sum(not f.done() for f in self._waiting[tier])
+
+    def _allowed(self, tier: str, weight: int) -> bool:
+        policy = self.policy
+        free = policy.size - sum(self.in_flight.values())
+        if free < weight:
+            return False
+        if tier == "standard":
+            return self.in_flight["standard"] + weight <= policy.standard_cap
+        owed = policy.standard_floor - self.in_flight["standard"]
+        return not (owed > 0 and self.waiting("standard") and free - weight < owed)
+
+    def has_room(self, tier: str, weight: int = 1) -> bool:
+        """Whether a request of ``tier`` would get its slots now."""
+        return self._allowed(tier, self._clamp(weight))
+
+    def _clamp(self, weight: int) -> int:
+        # A request larger than a tier may ever hold still runs, alone in its share.
+        return max(1, min(weight, self.policy.standard_cap, self.policy.size))
+
+    def try_take(self, tier: str, weight: int = 1) -> int | None:
+        """The slots taken (``weight``, clamped), or None if the request must wait."""
+        weight = self._clamp(weight)
+        # Behind a waiting request of the same tier, a newcomer queues (first come first served).
+        if self.waiting(tier) or not self._allowed(tier, weight):
+            return None
+        self.in_flight[tier] += weight
+        return weight
+
+    async def take(self, tier: Tier, max_wait_s: float, weight: int = 1) -> int:
+        """Slots for a request of ``weight`` sequences of ``tier`` (the count taken, to give
+        back), waiting at most ``max_wait_s``; else ``EngineBusy``."""
+        taken = self.try_take(tier, weight)
+        if taken is not None:
+            return taken
+        weight = self._clamp(weight)
+        waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._waiting[tier].append(waiter)
+        self._weights[waiter] = weight
+        try:
+            async with asyncio.timeout(max_wait_s):
+                return await asyncio.shield(waiter)
+        except TimeoutError:
+            if waiter.done():  # granted as the wait ran out: keep it
+                return waiter.result()
+            waiter.cancel()
+            raise EngineBusy(tier, max_wait_s) from None
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.give_back(tier, waiter.result())  # granted, but its request is gone
+            else:
+                waiter.cancel()
+            raise
+        finally:
+            self._weights.pop(waiter, None)
+
+    def give_back(self, tier: str, taken: int) -> None:
+        self.in_flight[tier] -= taken
+        self._grant()
+
+    def _grant(self) -> None:
+        """Hand free slots to waiters: standard first while below its floor, then fast."""
+        while True:
+            below_floor = self.in_flight["standard"] < self.policy.standard_floor
+            order = ("standard", "fast") if below_floor else ("fast", "standard")
+            for tier in order:
+                queue = self._waiting[tier]
+                while queue and queue[0].done():
+                    queue.popleft()  # timed out or cancelled
+                if queue and self._allowed(tier, self._weights[queue[0]]):
+                    waiter = queue.popleft()
+                    self.in_flight[tier] += self._weights[waiter]
+                    waiter.set_result(self._weights[waiter])
+                    break
+            else:
+                return
+
+
+def slot_policies(
+    urls_by_tier: Mapping[Tier, list[str]], book: VariantBook, profile: str
+) -> dict[str, SlotPolicy]:
+    """Each engine URL's slot policy: an engine both tiers use runs the ``shared`` variant,
+    one tier's engine that tier's variant; its batch size is that variant's
+    ``max-num-seqs`` under ``profile`` (no policy, so no limit, where it has none)."""
+    tiers_of: dict[str, set[str]] = {}
+    for tier, urls in urls_by_tier.items():
+        for url in urls:
+            tiers_of.setdefault(url, set()).add(tier)
+    policies = {}
+    for url, tiers in tiers_of.items():
+        shared = len(tiers) > 1
+        size = book.max_num_seqs("shared" if shared else next(iter(tiers)), profile)
+        if size is not None:
+            policies[url] = SlotPolicy(
+                size,
+                shared,
+                book.admission.standard_max_share,
+                book.admission.standard_min_share,
+            )
+    return policies
