@@ -27,6 +27,7 @@ from pydantic_settings import BaseSettings
 from billing.settings import BillingSettings
 from gateway.settings import GatewaySettings
 from serving.launcher import VllmServer
+from serving.settings import ServingSettings
 from serving.tiers import TIERS
 from serving.variants import load_variants
 from training.settings import TrainingSettings
@@ -180,7 +181,7 @@ def test_gateway_request_duration_and_redis_outage_admission_reach_its_settings(
 @pytest.mark.parametrize(
     ("kind", "workload", "settings"),
     [
-        ("Deployment", "-gateway", (GatewaySettings, BillingSettings)),
+        ("Deployment", "-gateway", (GatewaySettings, BillingSettings, ServingSettings)),
         ("Deployment", "-billing-worker", (BillingSettings,)),
         ("Deployment", "-billing-beat", (BillingSettings,)),
         ("Deployment", "-rollouts", (TrainingSettings,)),
@@ -194,7 +195,8 @@ def test_env_names_are_settings_fields(
     settings: tuple[type[BaseSettings], ...],
 ) -> None:
     """A misspelt CSTACK_ variable is silently ignored by pydantic-settings: catch it here.
-    (The gateway process also runs billing's meter, which reads billing's settings.)"""
+    (The gateway process also runs billing's meter, which reads billing's settings, and
+    reads serving's variants and profile to size engine admission.)"""
     container = containers(find(production_manifests, kind, workload))[0]
     fields = {f"CSTACK_{name.upper()}" for model in settings for name in model.model_fields}
     names = {name for name in env_of(container) if name.startswith("CSTACK_")}
