@@ -3,6 +3,8 @@ and optimizer step time as the model grows. Prints tables; see bench/RESULTS.md.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/muon.py            # all parts
     .venv/bin/python bench/muon.py --part b --worlds 4,8        # one part
+    OMP_NUM_THREADS=1 .venv/bin/python bench/muon.py --part calibrate   # `cstack plan`'s
+                                                    # figures for this machine (YAML)
 
 Runs unchanged on CUDA: parts (a) and (c) use the GPU when there is one; part (b) uses
 NCCL when the machine has at least ``world`` GPUs, else gloo on CPU.
@@ -237,9 +239,52 @@ def part_c(scales: list[int], repeats: int) -> None:
               f"{seconds / numel * 1e9:>10.1f}")  # fmt: skip
 
 
+# -- calibration: the throughputs `cstack plan` turns work into time with -------------------
+
+
+def _all_to_all_worker(rank: int, world: int, port: int, numel: int, repeats: int,
+                       queue: Any) -> None:  # fmt: skip
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)  # fmt: skip
+    send = torch.randn(numel)
+    received = torch.empty_like(send)
+    seconds = timed(lambda: dist.all_to_all_single(received, send), repeats)
+    # Bytes that leave this rank (its own slice stays) per second.
+    queue.put(numel * send.element_size() * (world - 1) / world / seconds)
+    dist.destroy_process_group()
+
+
+def part_calibrate(repeats: int) -> None:
+    """Newton-Schulz FLOP/s (fp32, batched, as the optimizer runs it), elementwise memory
+    bandwidth, and all-to-all bandwidth between two processes (gloo on CPU)."""
+    ns = NewtonSchulzConfig()
+    batch = torch.randn(8, 256, 1024, device=device())
+    ns_seconds = timed(lambda: orthogonalize(batch, ns), repeats)
+    ns_rate = 8 * flops(256, 1024, ns.steps) / ns_seconds
+    buf, grad = torch.zeros(1 << 24, device=device()), torch.randn(1 << 24, device=device())
+    # lerp_ reads two tensors and writes one: the shape of Muon's and AdamW's updates.
+    memory_rate = 3 * buf.numel() * 4 / timed(lambda: buf.lerp_(grad, 0.05), repeats)
+    ctx: Any = mp.get_context("fork")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_all_to_all_worker, args=(r, 2, port, 1 << 23, repeats, queue))
+             for r in range(2)]  # fmt: skip
+    for p in procs:
+        p.start()
+    link_rate = min(queue.get() for _ in procs)
+    for p in procs:
+        p.join()
+    print(f"# {device()}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, "
+          f"torch {torch.__version__}")  # fmt: skip
+    print(f"newton_schulz_flops: {ns_rate:.3g}  # fp32 [8, 256, 1024], {ns.steps} steps")
+    print(f"memory_bandwidth: {memory_rate:.3g}  # lerp_ on 2^24 floats, 12 bytes/element")
+    print(f"intra_node_bandwidth: {link_rate:.3g}  # all_to_all_single, 2 ranks, 32 MiB each")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=["a", "b", "c", "all"], default="all")
+    parser.add_argument("--part", choices=["a", "b", "c", "calibrate", "all"], default="all")
     parser.add_argument("--scale", type=int, default=2, help="model width multiplier, (a)/(b)")
     parser.add_argument("--worlds", default="4,8", help="world sizes for (b)")
     parser.add_argument("--scales", default="1,2,4", help="model scales for (c)")
@@ -253,6 +298,8 @@ def main() -> None:
         part_b([int(w) for w in args.worlds.split(",")], args.scale, args.repeats)
     if args.part in ("c", "all"):
         part_c([int(s) for s in args.scales.split(",")], args.repeats)
+    if args.part == "calibrate":
+        part_calibrate(args.repeats)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""`cstack train`: validate the configuration here, then start torchrun workers.
+"""`cstack train`: validate the configuration here, then start torchrun workers; and
+`cstack plan`: what a layout costs per GPU before it runs (training.plan).
 
 Everything that can be checked without processes (world size vs. mesh factors, experts
 vs. EP, sequence vs. CP, files) is checked in this process, so a bad configuration fails
@@ -21,6 +22,8 @@ import typer
 
 from training.config import TrainerConfig
 from training.options import build_config, check_choices, cli_options, option, typer_command
+from training.plan import PlanConfig, PlanError
+from training.plan_report import report
 from training.settings import TrainingSettings
 
 
@@ -51,6 +54,7 @@ class LaunchConfig:
 
 TRAINER_OPTIONS = cli_options(TrainerConfig)
 LAUNCH_OPTIONS = cli_options(LaunchConfig)
+PLAN_OPTIONS = cli_options(PlanConfig)
 
 
 def _train(values: dict[str, Any]) -> None:
@@ -102,5 +106,26 @@ train = typer_command(
 
     Resumes from the newest checkpoint in --checkpoint-dir; prints loss, tokens/s and
     optimizer step time per step.
+    """,
+)
+
+
+def _plan(values: dict[str, Any]) -> None:
+    error = check_choices(PLAN_OPTIONS, values)
+    if error:
+        _fail(error)
+    try:
+        typer.echo(report(build_config(PlanConfig, PLAN_OPTIONS, values)))
+    except PlanError as exc:
+        _fail(str(exc))
+
+
+plan = typer_command(
+    PLAN_OPTIONS,
+    _plan,
+    """Predict memory, Newton-Schulz work, all-to-all bytes and the Muon step per GPU.
+
+    For a preset (deepseek-v3, kimi-k2) or an HF config on a cluster, for the trainer's
+    dual mesh and for a single shared mesh; throughputs from training/plan_calibration.yaml.
     """,
 )

@@ -15,6 +15,13 @@ class TrainerMetrics:
     loss: Gauge
     tokens_per_second: Gauge
     last_step_timestamp: Gauge
+    max_attention_logit: Gauge
+    qk_clipped_heads: Gauge
+
+    def record_attention(self, max_logit: float, clipped_heads: int) -> None:
+        """Max over every layer and head (one series, not one per head) and QK-clip's count."""
+        self.max_attention_logit.set(max_logit)
+        self.qk_clipped_heads.set(clipped_heads)
 
     def record(self, step: int, seconds: float, loss: float, tokens: int, at: float) -> None:
         self.step.set(step)
@@ -40,6 +47,14 @@ def trainer_metrics() -> TrainerMetrics:
         ),
         last_step_timestamp=Gauge(
             "cstack_trainer_last_step_timestamp_seconds", "Unix time the last step finished."
+        ),
+        max_attention_logit=Gauge(
+            "cstack_trainer_max_attention_logit",
+            "Largest pre-softmax attention logit of the last step, over all layers and heads.",
+        ),
+        qk_clipped_heads=Gauge(
+            "cstack_trainer_qk_clipped_heads",
+            "Attention heads whose q/k weights QK-clip rescaled after the last step.",
         ),
     )
 

@@ -28,6 +28,7 @@ from training.metrics import serve_metrics, trainer_metrics
 from training.models.deepseek_v3.model import DeepseekV3Model
 from training.models.deepseek_v3.moe import update_routing_bias
 from training.models.deepseek_v3.parallelize import parallelize, reduce_expert_gradients
+from training.models.deepseek_v3.qk_clip import qk_clip, take_max_logits
 from training.optim.muon import build_optimizer
 
 
@@ -39,6 +40,9 @@ class StepStats:
     seconds: float
     optimizer_seconds: float
     grad_norm: float
+    #: Largest attention logit of the step (before QK-clip) and heads QK-clip rescaled.
+    max_logit: float
+    clipped_heads: int
 
 
 def seed_everything(seed: int) -> None:
@@ -84,6 +88,9 @@ class Trainer:
             else RandomTokens(vocab, config.seed)
         )
         self.step = 0
+        # Per layer and head, the last step's largest attention logit (QK-clip's input).
+        self.max_logits = torch.zeros(0)
+        self.clipped_heads = 0
         resume = latest_checkpoint(config.checkpoint_dir)
         if resume is not None:
             self.step = load_checkpoint(resume, self.model, self.optimizer)
@@ -151,12 +158,16 @@ class Trainer:
         return norm
 
     def optimizer_step(self) -> tuple[float, float]:
-        """Clip, step, balance routing; returns (grad norm, optimizer seconds)."""
+        """Clip, step, QK-clip, balance routing; returns (grad norm, optimizer seconds)."""
         norm = self.clip_gradients()
         started = time.perf_counter()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         seconds = time.perf_counter() - started
+        # Every rank saw other tokens: the max over all of them, so all scale alike.
+        self.max_logits = take_max_logits(self.model, dist.group.WORLD)
+        tau = self.config.optimizer.qk_clip_tau
+        self.clipped_heads = qk_clip(self.model, self.max_logits, tau) if tau > 0 else 0
         update_routing_bias(self.model, self.config.routing_bias_speed, dist.group.WORLD)
         self.step += 1
         return norm, seconds
@@ -166,9 +177,14 @@ class Trainer:
         loss, tokens = self.forward_backward(batch)
         norm, optimizer_seconds = self.optimizer_step()
         seconds = time.perf_counter() - started
-        stats = StepStats(self.step, loss, tokens, seconds, optimizer_seconds, norm)
+        max_logit = float(self.max_logits.max())
+        stats = StepStats(
+            self.step, loss, tokens, seconds, optimizer_seconds, norm, max_logit, self.clipped_heads
+        )
         if self.rank == 0:
-            trainer_metrics().record(self.step, seconds, loss, tokens, time.time())
+            metrics = trainer_metrics()
+            metrics.record(self.step, seconds, loss, tokens, time.time())
+            metrics.record_attention(max_logit, self.clipped_heads)
         return stats
 
     # -- the loop -------------------------------------------------------------------
@@ -184,7 +200,8 @@ class Trainer:
                     f"step {stats.step}/{cfg.steps} | loss {stats.loss:.4f} | "
                     f"tokens/s {stats.tokens / stats.seconds:,.0f} | "
                     f"optimizer {stats.optimizer_seconds * 1e3:.1f} ms | "
-                    f"grad norm {stats.grad_norm:.3f} | step {stats.seconds:.2f} s"
+                    f"grad norm {stats.grad_norm:.3f} | max logit {stats.max_logit:.1f} "
+                    f"({stats.clipped_heads} heads clipped) | step {stats.seconds:.2f} s"
                 )
             if (
                 cfg.checkpoint_dir

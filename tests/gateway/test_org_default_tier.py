@@ -51,9 +51,7 @@ def test_service_tier_values_and_the_orgs_default(
     )
     assert org.status_code == 201 and org.json()["default_tier"] == "standard"
     key = httpx.post(f"{gateway.internal_url}/admin/orgs/budget-co/keys", headers=ADMIN)
-    client = openai.OpenAI(
-        base_url=f"{gateway.url}/v1", api_key=key.json()["key"], max_retries=0
-    )
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=key.json()["key"], max_retries=0)
     for requested, tier, _ in MAPPING:
         assert served(client, requested) == (tier, ANSWER_SERVICE_TIERS[tier]), requested
     # What was served is what billing was told: the meter settles each request's tier.

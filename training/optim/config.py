@@ -87,3 +87,12 @@ class MuonConfig:
     adamw_weight_decay: float = 0.0
     # Sharded Muon: how many same-shape groups may have transfers in flight at once.
     max_in_flight: int = 2
+    # MuonClip's tau (Kimi K2): after each step, heads whose largest attention logit
+    # exceeded it get their q/k weights scaled down to bring it to tau. On by default at
+    # Kimi's 100 because the base model was trained under it and Muon is what lets logits
+    # grow; a head below tau is never touched, so a healthy run only pays one small
+    # all-reduce per step. Applied by the trainer (training.models.deepseek_v3.qk_clip).
+    qk_clip_tau: float = field(
+        default=100.0,
+        metadata={"help": "QK-clip threshold on attention logits (MuonClip; 0: off)."},
+    )

@@ -4,6 +4,9 @@ Queries go through a low-rank ``q_a_proj`` -> RMSNorm -> ``q_b_proj`` (or one ``
 keys and values share one compressed latent from ``kv_a_proj_with_mqa`` whose last
 ``qk_rope_head_dim`` channels carry the single rotary key shared by all heads
 (training.models.deepseek_v3.rope).
+
+Each layer keeps the largest pre-softmax logit of every head since the trainer last read
+it (``max_logits``), for QK-clip (training.models.deepseek_v3.qk_clip) and the metrics.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ class RMSNorm(nn.Module):
 
 
 class MLAttention(nn.Module):
+    max_logits: Tensor
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
@@ -55,6 +60,9 @@ class MLAttention(nn.Module):
         self.scaling = config.qk_head_dim**-0.5 * self.rope.softmax_factor
         # Set by parallelize.apply_context_parallel; None means the whole sequence.
         self.context_parallel: ContextParallel | None = None
+        # Per head, this rank's largest logit since the last read; not saved (a step's
+        # statistic, not model state).
+        self.register_buffer("max_logits", torch.full((heads,), float("-inf")), persistent=False)
 
     def _queries(self, x: Tensor) -> Tensor:
         if self.config.q_lora_rank is None:
@@ -94,6 +102,9 @@ class MLAttention(nn.Module):
         causal = key_positions.unsqueeze(1) <= positions.unsqueeze(2)  # [batch, q, k]
         scores = torch.matmul(qk, k.transpose(2, 3)) * self.scaling
         scores = scores.masked_fill(~causal.unsqueeze(1), float("-inf"))
+        with torch.no_grad():
+            # Masked entries are -inf, so only real query-key pairs count.
+            torch.maximum(self.max_logits, scores.amax(dim=(0, 2, 3)).float(), out=self.max_logits)
         probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(qk.dtype)
         out = torch.matmul(probs, v).transpose(1, 2).reshape(batch, seq, -1)
         return self.o_proj(out)  # type: ignore[no-any-return]

@@ -1,8 +1,10 @@
 """HF checkpoint format <-> the trainer's state dict.
 
-The only difference is the routed experts: HF (and vLLM) store one tensor per expert
-(``mlp.experts.E.gate_proj.weight``), the trainer stacks them (``mlp.experts.gate_proj``
-[E, ...]) so that optimizer and expert-parallel code address experts by one index.
+Two differences: the routed experts, which HF (and vLLM) store one tensor per expert
+(``mlp.experts.E.gate_proj.weight``) and the trainer stacks (``mlp.experts.gate_proj``
+[E, ...]) so that optimizer and expert-parallel code address experts by one index; and
+quantized base checkpoints (DeepSeek-V3 FP8, Kimi INT4), dequantized on load and written
+back in their own format on export (training.models.deepseek_v3.quant).
 """
 
 from __future__ import annotations
@@ -16,28 +18,38 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from training.models.deepseek_v3.config import ModelConfig
+from training.models.deepseek_v3.quant import (
+    dequantize_checkpoint,
+    quantize_checkpoint,
+    scheme_from_config,
+)
 
 _EXPERT_KEY = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(\w+_proj)\.weight$")
 _LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.")
 _SHARD_BYTES = 4 << 30
 
 
-def load_hf_state_dict(path: Path, config: ModelConfig) -> dict[str, Tensor]:
-    """Read every safetensors file of a checkpoint and stack the per-expert tensors."""
+def load_hf_state_dict(
+    path: Path, config: ModelConfig, dtype: torch.dtype = torch.float32
+) -> dict[str, Tensor]:
+    """Read every safetensors file of a checkpoint, dequantize quantized weights to
+    ``dtype`` and stack the per-expert tensors."""
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors files in {path}")
     flat: dict[str, Tensor] = {}
     for file in files:
-        flat.update(load_file(str(file)))
+        for key, tensor in load_file(str(file)).items():
+            layer = _LAYER_KEY.match(key)
+            if layer and int(layer.group(1)) >= config.num_hidden_layers:
+                # DeepSeek-V3's multi-token-prediction layers (model.layers.61.* in the
+                # real checkpoint) are not part of the causal LM; transformers skips them.
+                continue
+            flat[key] = tensor
+    scheme = scheme_from_config(config.extra.get("quantization_config"))
     experts: dict[tuple[str, str], dict[int, Tensor]] = {}
     state: dict[str, Tensor] = {}
-    for key, tensor in flat.items():
-        layer = _LAYER_KEY.match(key)
-        if layer and int(layer.group(1)) >= config.num_hidden_layers:
-            # DeepSeek-V3's multi-token-prediction layers (model.layers.61.* in the real
-            # checkpoint) are not part of the causal LM; transformers skips them too.
-            continue
+    for key, tensor in dequantize_checkpoint(flat, scheme, dtype).items():
         match = _EXPERT_KEY.match(key)
         if match:
             prefix, index, proj = match.groups()
@@ -70,9 +82,13 @@ def to_hf_state_dict(state: dict[str, Tensor]) -> dict[str, Tensor]:
 
 
 def save_hf_checkpoint(state: dict[str, Tensor], config: ModelConfig, path: Path) -> None:
-    """Write ``config.json`` and safetensors shards (with an index when there are several)."""
+    """Write ``config.json`` and safetensors shards (with an index when there are several),
+    quantized as the base checkpoint was when its config carries a ``quantization_config``."""
     path.mkdir(parents=True, exist_ok=True)
     tensors = to_hf_state_dict(state)
+    scheme = scheme_from_config(config.extra.get("quantization_config"))
+    if scheme is not None:
+        tensors = quantize_checkpoint(tensors, scheme)
     shards: list[dict[str, Tensor]] = [{}]
     size = 0
     for key in sorted(tensors):

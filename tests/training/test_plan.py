@@ -1,0 +1,154 @@
+"""`cstack plan`: the report for a preset, its memory and Muon model against the real
+sharded model, and one-line errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import typer
+from spawn import run_ranks
+from typer.testing import CliRunner
+
+from training.cli import plan as plan_command
+from training.distributed.config import ParallelConfig
+from training.distributed.mesh import build_meshes
+from training.models.deepseek_v3.config import ModelConfig
+from training.models.deepseek_v3.model import DeepseekV3Model
+from training.models.deepseek_v3.parallelize import parallelize
+from training.optim.config import MuonConfig
+from training.optim.muon import build_optimizer, matrix_layouts
+from training.optim.newton_schulz import flops
+from training.optim.sharded_muon import ShardedOrthogonalizer
+from training.plan import (
+    NS_STEPS,
+    Layout,
+    dense_exchange,
+    load_model_config,
+    local_numel,
+    model_params,
+)
+
+SMALL = ModelConfig(
+    vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+    num_hidden_layers=3, first_k_dense_replace=1, num_attention_heads=4, q_lora_rank=16,
+    kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8,
+    n_routed_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
+)  # fmt: skip
+
+
+def _cli(*args: str) -> typer.testing.Result:
+    # The command as training.cli declares it (deploy.cli mounts it as `cstack plan`).
+    app = typer.Typer()
+    app.command("plan")(plan_command)
+    app.command("help")(lambda: None)  # a second command keeps `plan` a subcommand
+    return CliRunner().invoke(app, ["plan", *args])
+
+
+def _values(report: str, label: str) -> list[str]:
+    """The columns of the report's row ``label`` (dual mesh, shared mesh)."""
+    line = next(line.strip() for line in report.splitlines() if line.strip().startswith(label))
+    return line[len(label) :].split()
+
+
+def test_report_for_the_1t_preset() -> None:
+    result = _cli("--model", "kimi-k2", "--gpus", "384", "--gpu", "h200")
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "kimi-k2: 1,026.4B parameters (1,014.7B in 384 routed experts" in out
+    for heading in ("memory per GPU (GB)", "Newton-Schulz per GPU per step (TFLOP",
+                    "all-to-all per GPU per step (GB sent)", "Muon optimizer step (s)",
+                    "predicted, with overlap", "predicted, no overlap", "dual mesh",
+                    "shared mesh", "0.2 s (announcement)", "157 ms (Megatron-LM)",
+                    "Where the time goes"):  # fmt: skip
+        assert heading in out, heading
+    # Every routed expert matrix of the 1T model is 2048 x 7168: 687 GFLOP for 5 steps,
+    # 60 MoE layers x 3 per expert, one expert per GPU at EP 384.
+    expert_tflop = 60 * 3 * flops(2048, 7168, 5) / 1e12
+    assert _values(out, "routed experts (per expert)") == [f"{expert_tflop:.2f}"] * 2
+
+
+def test_shared_mesh_needs_cp_times_ep_gpus() -> None:
+    result = _cli("--model", "deepseek-v3", "--gpus", "8", "--ep", "8", "--cp", "2")
+    assert result.exit_code == 0, result.output
+    assert _values(result.output, "GPUs") == ["8", "16"]
+    assert "does not fit" in result.output  # 671B on 8 GPUs
+
+
+def test_presets_have_the_published_sizes() -> None:
+    for name, billions in (("deepseek-v3", 671), ("kimi-k2", 1026)):
+        total = sum(p.numel for p in model_params(load_model_config(name)))
+        assert abs(total / 1e9 - billions) < 0.01 * billions, (name, total)
+
+
+def test_parameters_and_optimizer_split_are_the_models() -> None:
+    model = DeepseekV3Model(SMALL)
+    params = {p.name: p for p in model_params(SMALL)}
+    assert {n: p.shape for n, p in params.items()} == {
+        n: tuple(t.shape) for n, t in model.named_parameters()
+    }
+    layouts, adamw = matrix_layouts(model)
+    names = {id(t): n for n, t in model.named_parameters()}
+    assert {names[id(t)] for t in layouts} == {n for n, p in params.items() if p.muon}
+    assert {names[id(t)] for t in adamw} == {n for n, p in params.items() if not p.muon}
+    groups = build_optimizer(model).param_groups
+    assert sum(t.numel() for t in groups[0]["params"]) == sum(
+        p.numel for p in params.values() if p.muon
+    )
+
+
+def _sharded_worker(rank: int, world: int) -> None:
+    parallel = ParallelConfig(world_size=world, dp_shard=2, ep=2)
+    model = DeepseekV3Model(SMALL)
+    model.init_weights(0)
+    parallelize(model, build_meshes(parallel, "cpu"))
+    layout = Layout("dual mesh", world, parallel.dp_shard, parallel.ep, parallel.cp)
+    planned = {p.name: p for p in model_params(SMALL)}
+    for name, tensor in model.named_parameters():
+        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+        assert local.numel() == local_numel(planned[name], layout, rank), name
+
+    # Sharded Muon's real exchange and Newton-Schulz work equal the plan's, rank by rank.
+    layouts, _ = matrix_layouts(model)
+    params = list(layouts)
+    runner = ShardedOrthogonalizer(params, [layouts[p] for p in params], MuonConfig())
+    generator = torch.Generator().manual_seed(rank)
+    runner.run([torch.randn(p.to_local().shape, generator=generator) for p in params])  # type: ignore[attr-defined]
+    load, sent = dense_exchange(list(planned.values()), parallel.dp_shard)
+    experts = sum(
+        p.count // parallel.ep * flops(*p.matrix, NS_STEPS)
+        for p in planned.values()
+        if p.muon and p.expert
+    )
+    assert runner.stats.newton_schulz_flops == load[rank] + experts
+    assert runner.stats.bytes_sent == sent[rank] * 4
+
+
+@pytest.mark.distributed
+def test_memory_and_muon_model_match_the_sharded_model() -> None:
+    run_ranks(_sharded_worker, 2)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "x"], "--model x: not a preset (deepseek-v3, kimi-k2) nor a config file"),
+        (["--gpus", "12"], "world size 12 is not divisible by dp_shard=8"),
+        (["--gpus", "64", "--ep", "48"], "world size 64 is not divisible by ep=48"),
+        (["--gpus", "512", "--ep", "512"], "n_routed_experts=384 is not divisible by ep=512"),
+        (["--gpu", "a100"], "--gpu must be one of h200, h100, cpu"),
+        (["--gpus", "0"], "--gpus must be >= 1"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_line(args: list[str], message: str) -> None:
+    result = _cli(*args)
+    assert result.exit_code == 2
+    assert result.output.strip() == f"error: {message}"
+
+
+def test_a_config_file_is_a_model(tmp_path: pytest.TempPathFactory) -> None:
+    path = tmp_path / "config.json"  # type: ignore[operator]
+    path.write_text('{"hidden_size": 64, "n_routed_experts": 6}')
+    result = _cli("--model", str(path), "--gpus", "8", "--dp-shard", "2", "--gpu", "cpu")
+    assert result.exit_code == 0, result.output
+    assert "dense group / EP / CP" in result.output
+    assert "2 / 2 / 1" in result.output  # EP: the widest dividing 8 GPUs and 6 experts
