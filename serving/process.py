@@ -15,7 +15,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -54,10 +54,17 @@ class ManagedProcess:
         self.health_url = health_url
         self.env = dict(env or {})
         self.process: subprocess.Popen[bytes] | None = None
+        # Progress: how far into the log this run's start has been read, and the phase
+        # the last line that named one began.
+        self._log_read_to = 0
+        self._phase: str | None = None
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
+            # The log is appended to across runs: phases come from this run's lines only.
+            self._log_read_to = log.tell()
+            self._phase = None
             self.process = subprocess.Popen(
                 self.command,
                 stdout=log,
@@ -67,13 +74,18 @@ class ManagedProcess:
                 start_new_session=True,
             )
 
-    def wait_healthy(self, timeout_s: float) -> None:
+    def wait_healthy(self, timeout_s: float, on_poll: Callable[[], None] | None = None) -> None:
         """Block until the health URL answers 200 (or, without one, until the child has
-        survived its first second); raise naming the cause if the child dies first."""
+        survived its first second); raise naming the cause if the child dies first.
+
+        ``on_poll`` runs between polls (about twice a second): where a caller shows progress.
+        """
         assert self.process is not None, "start() first"
         deadline = time.monotonic() + timeout_s
         with httpx.Client(timeout=2.0) as client:
             while time.monotonic() < deadline:
+                if on_poll is not None:
+                    on_poll()
                 code = self.process.poll()
                 if code is not None:
                     raise ServerStartError(
@@ -95,6 +107,27 @@ class ManagedProcess:
         raise ServerStartError(
             f"{self.name} did not become healthy within {timeout_s:.0f}s (log: {self.log_path})"
         )
+
+    def phase(self) -> str | None:
+        """What the child is doing while it starts, from the lines it has logged since
+        ``start()`` (see ``phase_of``); None until one of them names a phase."""
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(self._log_read_to)
+                new = log.read()
+        except OSError:
+            return self._phase
+        # Only whole lines: the child may be halfway through writing the last one.
+        complete = new[: new.rfind(b"\n") + 1]
+        self._log_read_to += len(complete)
+        for line in complete.decode(errors="replace").splitlines():
+            self._phase = self.phase_of(line) or self._phase
+        return self._phase
+
+    def phase_of(self, line: str) -> str | None:
+        """The start phase a log line begins, if it begins one. A subclass that knows its
+        child's log says (``serving.launcher.VllmServer``); by default no line does."""
+        return None
 
     def failure_cause(self) -> str:
         try:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -145,9 +146,19 @@ def tiny_config(vocab_size: int) -> dict[str, Any]:
     }
 
 
-def build_tiny_checkpoint(out: Path, seed: int = 0, architecture: str = "deepseek_v3") -> Path:
-    """Write a complete HF checkpoint to ``out``; the same seed gives the same bytes."""
+def build_tiny_checkpoint(
+    out: Path,
+    seed: int = 0,
+    architecture: str = "deepseek_v3",
+    report: Callable[[str], None] | None = None,
+) -> Path:
+    """Write a complete HF checkpoint to ``out``; the same seed gives the same bytes.
+
+    ``report`` hears each phase as it begins (`cstack up` shows them).
+    """
     import torch
+
+    say = report or (lambda _phase: None)
 
     if seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed}")
@@ -161,6 +172,7 @@ def build_tiny_checkpoint(out: Path, seed: int = 0, architecture: str = "deepsee
         shutil.rmtree(out)
     out.mkdir(parents=True)
 
+    say("training the tokenizer")
     tokenizer = train_tokenizer()
     special_ids = {tok: tokenizer.token_to_id(tok) for tok in SPECIAL_TOKENS}
     vocab_size = tokenizer.get_vocab_size()
@@ -174,8 +186,11 @@ def build_tiny_checkpoint(out: Path, seed: int = 0, architecture: str = "deepsee
         eos_token_id=special_ids[EOS],
         pad_token_id=special_ids[PAD],
     )
+    say("making random weights")
     torch.manual_seed(seed)
-    _random_model(cfg).save_pretrained(out, safe_serialization=True)
+    model = _random_model(cfg)
+    say("writing the checkpoint")
+    _save_quietly(model, out)
 
     # Rewrite config.json ourselves: deterministic key order, and the DeepSeek fields vLLM
     # reads (topk_method, scoring_func) that transformers' config class may not persist.
@@ -207,6 +222,20 @@ def build_tiny_checkpoint(out: Path, seed: int = 0, architecture: str = "deepsee
         json.dumps({"bos_token": BOS, "eos_token": EOS, "pad_token": PAD}, indent=2)
     )
     return out
+
+
+def _save_quietly(model: Any, out: Path) -> None:
+    """``save_pretrained`` without transformers' progress bar: its stderr lines would tear
+    through the live display of whoever reports the build's phases."""
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(out, safe_serialization=True)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def _random_model(cfg: dict[str, Any]) -> Any:

@@ -50,12 +50,26 @@ class _Display:
         self.history: list[StepReport] = []
         # Piped output (logs, CI) gets a width that fits every column, not rich's 80.
         console = Console() if sys.stdout.isatty() else Console(width=110)
+        if not console.is_terminal:
+            # Piped, rich prints the final table without a newline after it; this callback
+            # runs once the Live below has stopped.
+            stack.callback(console.line)
         self.live = stack.enter_context(
             Live(self._table("starting"), console=console, refresh_per_second=2)
         )
+        self._engine_phase = ""
 
     def show(self, status: str) -> None:
         self.live.update(self._table(status))
+
+    def show_engine_start(self, phase: str, seconds: float, log: Path) -> None:
+        """vLLM's start: in the title on a terminal, ticking; piped (where rich shows only
+        the final table), a line per phase."""
+        if self.live.console.is_terminal:
+            self.show(f"starting vLLM: {phase} · {seconds:.0f} s · log: {log}")
+        elif phase != self._engine_phase:
+            self.live.console.print(f"vLLM: {phase} ({seconds:.0f} s, log: {log})")
+        self._engine_phase = phase
 
     def _table(self, status: str) -> Table:
         table = Table(title=f"cstack rl · {self.config.environment} · {status}")
@@ -115,8 +129,10 @@ class RlSession:
         if c.engine_urls:
             engine_urls = list(c.engine_urls)
         else:
-            display.show("starting vLLM (dev mode, about 2 minutes on CPU)")
-            engine_urls = [start_engine(self.stack, model, self.logs, timeout_s=900)]
+            engine_urls = [
+                start_engine(self.stack, model, self.logs, timeout_s=900,
+                             on_progress=display.show_engine_start)
+            ]  # fmt: skip
         policy_url = c.policy_url or f"{engine_urls[0]}/v1"
         return _Services(redis_url, engine_urls, policy_url)
 

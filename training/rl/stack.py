@@ -10,6 +10,8 @@ vLLM's API key, so no other machine may reach them.
 from __future__ import annotations
 
 import sys
+import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -18,13 +20,20 @@ from serving.process import ManagedProcess, free_port
 
 
 def start_engine(
-    stack: ExitStack, model: Path, log_dir: Path, timeout_s: float, api_key: str | None = None
+    stack: ExitStack,
+    model: Path,
+    log_dir: Path,
+    timeout_s: float,
+    api_key: str | None = None,
+    on_progress: Callable[[str, float, Path], None] | None = None,
 ) -> str:
     """vLLM on the shared variant with weight sync on (dev endpoints and the worker
     extension for exact in-place weight reload: serving's ``weight_sync`` section).
 
     ``api_key``: what the engine then requires on ``/v1/*`` (default: serving's
     CSTACK_VLLM_API_KEY, unset: none); the weight push and the rollout workers must send it.
+    ``on_progress(phase, seconds, log)`` hears, about twice a second while the engine
+    starts, the phase its log shows and the seconds since it was started.
     """
     server = engine_for_variant(
         "shared",
@@ -35,9 +44,16 @@ def start_engine(
         weight_sync=True,
         api_key=api_key,
     )
+    started = time.monotonic()
     server.start()
     stack.callback(server.stop)
-    server.wait_healthy(timeout_s=timeout_s)
+
+    def report() -> None:
+        if on_progress is not None:
+            phase = server.phase() or "importing vLLM"
+            on_progress(phase, time.monotonic() - started, server.log_path)
+
+    server.wait_healthy(timeout_s=timeout_s, on_poll=report)
     return server.base_url
 
 
