@@ -63,8 +63,15 @@ def gateways(
     billing_settings: BillingSettings, upstream: str, tmp_path: Path
 ) -> Iterator[list[str]]:
     # A Redis call that times out under this burst on two cores would fail closed (503):
-    # safe, but not what this test is about.
-    values = {**billing_settings.model_dump(), "redis_timeout_s": 15, "reservation_ttl_s": TTL_S}
+    # safe, but not what this test is about. Nor is engine admission: the stand-in upstream
+    # is no engine with a batch size, and a hundred concurrent requests must reach it
+    # (tests/gateway/test_capacity.py covers admission).
+    values = {
+        **billing_settings.model_dump(),
+        "redis_timeout_s": 15,
+        "reservation_ttl_s": TTL_S,
+        "engine_admission": False,
+    }
     with gateway_processes(values, upstream, tmp_path) as urls:
         yield urls
 
