@@ -30,6 +30,18 @@ from gateway.settings import GatewaySettings
 from serving.process import free_port
 
 ADMIN_TOKEN = "test-admin-token"
+#: A function tool the tiny model can be asked to call (tool-call tests).
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
 FORWARDER = Path(__file__).with_name("forwarder.py")
 
 

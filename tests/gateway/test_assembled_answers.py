@@ -12,26 +12,14 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway_support import GatewayServer
+from gateway_support import WEATHER_TOOL, GatewayServer
 
 pytestmark = pytest.mark.vllm
 
 CHAT = {"model": "composer-2.5", "messages": [{"role": "user", "content": "hi"}],
         "max_tokens": 5, "temperature": 0}  # fmt: skip
 COMPLETION = {"model": "composer-2.5", "prompt": "Once upon", "max_tokens": 4, "temperature": 0}
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    }
-]
+TOOLS = [WEATHER_TOOL]
 SAMPLED = {"n": 4, "seed": 7, "temperature": 1.0, "max_tokens": 64}
 
 CASES = [

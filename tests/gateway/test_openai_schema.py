@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway_support import GatewayServer
+from gateway_support import WEATHER_TOOL, GatewayServer
 from jsonschema import Draft202012Validator
 
 from gateway.sse import StreamRewriter, error_event
@@ -35,17 +35,6 @@ CHAT: dict[str, Any] = {
     "max_tokens": 4,
 }
 COMPLETION: dict[str, Any] = {"model": "composer-2.5", "prompt": "Once upon", "max_tokens": 4}
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
 CHAT_CASES: dict[str, dict[str, Any]] = {
     "plain": CHAT,
     "n=2": {**CHAT, "n": 2, "seed": 3, "temperature": 1.0},
