@@ -123,7 +123,7 @@ def _build_parts(settings: GatewaySettings, meter: Meter) -> _Parts:
     generation = GenerationHandler(
         settings,
         auth,
-        TierRouter.from_settings(settings),
+        TierRouter.from_settings(settings, book),
         meter,
         Relay(upstreams.pools, meter, metrics),
     )

@@ -21,7 +21,7 @@ from serving.tiers import (
     UnknownServiceTier,
     resolve_tier,
 )
-from serving.variants import load_variants
+from serving.variants import VariantBook, load_variants
 
 
 @dataclass(frozen=True)
@@ -51,8 +51,11 @@ class TierRouter:
         }
 
     @classmethod
-    def from_settings(cls, settings: GatewaySettings) -> TierRouter:
-        book = load_variants(ServingSettings().variants_file)
+    def from_settings(
+        cls, settings: GatewaySettings, book: VariantBook | None = None
+    ) -> TierRouter:
+        """``book``: serving's variants, when the caller has loaded them already."""
+        book = book or load_variants(ServingSettings().variants_file)
         share = settings.send_tier_priority
         if share is None:
             share = bool(
