@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from gateway.auth import Authenticator
 from gateway.errors import GatewayError
@@ -29,12 +29,17 @@ class CreateOrg(BaseModel):
     customer_id: Annotated[str, Field(max_length=200)] = ""
     #: The tier of requests without ``service_tier`` (or with "auto").
     default_tier: Tier = DEFAULT_TIER
+    #: Whether fast requests may overflow to the standard pool (billed as standard).
+    fast_overflow: StrictBool = False
 
 
 class UpdateOrg(BaseModel):
+    """The org settings to change; those left out keep their value."""
+
     model_config = ConfigDict(extra="forbid")
 
-    default_tier: Tier
+    default_tier: Tier | None = None
+    fast_overflow: StrictBool | None = None
 
 
 class CreateKey(BaseModel):
@@ -76,7 +81,12 @@ def build_admin_router(store: KeyStore, auth: Authenticator) -> APIRouter:
     async def create_org(body: CreateOrg) -> dict[str, Any]:
         try:
             org = await store.create_org(
-                body.org_id, body.name, body.plan, body.customer_id, body.default_tier
+                body.org_id,
+                body.name,
+                body.plan,
+                body.customer_id,
+                body.default_tier,
+                body.fast_overflow,
             )
         except KeyStoreError as exc:
             raise store_error(exc) from None
@@ -92,7 +102,9 @@ def build_admin_router(store: KeyStore, auth: Authenticator) -> APIRouter:
     @router.patch("/orgs/{org_id}")
     async def update_org(org_id: str, body: UpdateOrg) -> dict[str, Any]:
         try:
-            org = await store.set_default_tier(org_id, body.default_tier)
+            org = await store.update_org(
+                org_id, default_tier=body.default_tier, fast_overflow=body.fast_overflow
+            )
         except KeyStoreError as exc:
             raise store_error(exc) from None
         auth.invalidate()  # this replica at once; the others at their next epoch poll

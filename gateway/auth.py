@@ -34,6 +34,8 @@ class Principal:
     customer_id: str | None
     #: The tier a request without ``service_tier`` (or with "auto") gets.
     default_tier: Tier = DEFAULT_TIER
+    #: Whether its fast requests may be served (and billed) as standard when fast is full.
+    fast_overflow: bool = False
 
 
 class Authenticator:
@@ -92,7 +94,7 @@ class Authenticator:
         org = await self._store.get_org(key.org_id)
         if org is None:
             return Principal(key, None)
-        return Principal(key, org.customer_id or None, org.default_tier)
+        return Principal(key, org.customer_id or None, org.default_tier, org.fast_overflow)
 
     async def _refresh_epoch(self) -> None:
         if self._refresh is None or self._refresh.done():

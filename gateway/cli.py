@@ -4,14 +4,24 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, NoReturn, TypeVar
+from enum import StrEnum
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar, cast
 
 import typer
 
+if TYPE_CHECKING:
+    from serving.tiers import Tier
+
 T = TypeVar("T")
 
+
+class OnOff(StrEnum):
+    on = "on"
+    off = "off"
+
+
 keys_app = typer.Typer(
-    help="API keys, and an org's default tier: create, revoke, list (talks to Redis directly)."
+    help="API keys and an org's tier settings: create, revoke, list (talks to Redis directly)."
 )
 
 
@@ -124,10 +134,29 @@ def default_tier(
     from gateway.keys import KeyStoreError
 
     try:
-        record = _with_store(lambda store: store.set_default_tier(org, tier))
+        record = _with_store(lambda store: store.update_org(org, default_tier=cast("Tier", tier)))
     except KeyStoreError as exc:
         _fail(str(exc))
     typer.echo(f"org {record.org_id}: default tier {record.default_tier}")
+
+
+@keys_app.command("fast-overflow")
+def fast_overflow(
+    org: Annotated[str, typer.Argument(help="Org id.")],
+    allowed: Annotated[
+        OnOff, typer.Argument(help="on: overflow to standard when fast is full; off: wait.")
+    ],
+) -> None:
+    """Let an org's fast requests be served by the standard pool when the fast pool is full
+    (answered and billed as standard), or not (they wait for fast, then get a 503)."""
+    from gateway.keys import KeyStoreError
+
+    try:
+        record = _with_store(lambda store: store.update_org(org, fast_overflow=allowed is OnOff.on))
+    except KeyStoreError as exc:
+        _fail(str(exc))
+    state = "on" if record.fast_overflow else "off"
+    typer.echo(f"org {record.org_id}: fast overflow to standard {state}")
 
 
 @keys_app.command("list")

@@ -67,6 +67,8 @@ class Shape:
     prompts: int
     #: Choices per prompt (``n``).
     n: int
+    #: The ``max_tokens`` vLLM is sent: each sequence's most output tokens.
+    max_tokens: int
     #: The most output tokens of the whole request: prompts x n x capped max_tokens.
     max_output_tokens: int
     #: An upper bound of the prompt tokens of the whole request.
@@ -121,6 +123,9 @@ class GenerationHandler:
             max_duration_s=self._settings.max_request_duration_s,
         )
         admission = await self._admit(admission_request)
+        if route.tier == "fast" and principal.fast_overflow:
+            route = self._overflow(parsed, route, shape)
+            request.scope[TIER] = route.tier
         exchange = Exchange(
             request_id,
             route,
@@ -160,6 +165,20 @@ class GenerationHandler:
         # Appended raw: building MutableHeaders for one header costs more on the hot path.
         response.raw_headers.append(_TIER_HEADERS[route.tier])
         return response
+
+    def _overflow(self, parsed: SamplingParams, route: TierRoute, shape: Shape) -> TierRoute:
+        """The standard route if this fast request overflows, else its own route.
+
+        It keeps the body it was admitted with: admission reserved the fast worst case, an
+        upper bound of the same tokens at standard's lower prices, and billing follows the
+        tier that served. A request beyond standard's output cap stays fast.
+        """
+        standard = self._router.route(parsed.model, "standard")
+        if shape.max_tokens > standard.max_tokens or standard.priority != route.priority:
+            return route
+        if not self._relay.overflow_to_standard(shape.prompts * shape.n):
+            return route
+        return standard
 
     async def _admit(self, admission_request: AdmissionRequest) -> Admission:
         try:
@@ -234,6 +253,7 @@ class GenerationHandler:
             upstream_body=pydantic_core.to_json(body),
             prompts=prompts,
             n=n,
+            max_tokens=per_sequence,
             max_output_tokens=per_sequence * n * prompts,
             prompt_tokens=prompt_tokens,
         )

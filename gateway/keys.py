@@ -40,6 +40,9 @@ class Org:
     created_at: float
     #: The tier its requests get without a ``service_tier`` (or with "auto").
     default_tier: Tier = DEFAULT_TIER
+    #: Whether a fast request that finds the fast pool full may be served by the standard
+    #: pool instead (then answered and billed as standard); off unless an admin allows it.
+    fast_overflow: bool = False
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,7 @@ class KeyStore:
         plan: str = "",
         customer_id: str = "",
         default_tier: Tier = DEFAULT_TIER,
+        fast_overflow: bool = False,
     ) -> Org:
         if not ORG_ID_PATTERN.match(org_id):
             raise KeyStoreError(
@@ -106,6 +110,7 @@ class KeyStore:
             customer_id,
             time.time(),
             default_tier,
+            fast_overflow,
         )
         created = await self.redis.hsetnx(_org_key(org_id), "org_id", org_id)
         if not created:
@@ -128,20 +133,33 @@ class KeyStore:
             customer_id=fields.get(b"customer_id", b"").decode(),
             created_at=float(fields[b"created_at"]),
             default_tier=_stored_tier(fields.get(b"default_tier")),
+            fast_overflow=fields.get(b"fast_overflow") == b"1",
         )
 
-    async def set_default_tier(self, org_id: str, tier: Tier) -> Org:
-        """Change ``org_id``'s default tier; every replica's cached keys see it within the
-        revocation poll (the epoch moves, as for a revocation)."""
-        _check_tier(tier)
+    async def update_org(
+        self, org_id: str, *, default_tier: Tier | None = None, fast_overflow: bool | None = None
+    ) -> Org:
+        """Change ``org_id``'s tier settings (those given); every replica's cached keys see
+        the change within the revocation poll (the epoch moves, as for a revocation)."""
+        if default_tier is not None:
+            _check_tier(default_tier)
         org = await self.get_org(org_id)
         if org is None:
             raise KeyStoreError(f"unknown org {org_id!r}")
+        updated = replace(
+            org,
+            default_tier=org.default_tier if default_tier is None else default_tier,
+            fast_overflow=org.fast_overflow if fast_overflow is None else fast_overflow,
+        )
+        fields = _org_fields(updated)
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(_org_key(org_id), "default_tier", tier)
+            pipe.hset(
+                _org_key(org_id),
+                mapping={name: fields[name] for name in ("default_tier", "fast_overflow")},
+            )
             pipe.incr(EPOCH_KEY)
             await pipe.execute()
-        return replace(org, default_tier=tier)
+        return updated
 
     async def create_key(self, org_id: str, plan: str = "", name: str = "") -> tuple[str, ApiKey]:
         """A new key for an existing org: ``(plaintext shown once, stored record)``."""
@@ -217,6 +235,7 @@ def _org_fields(org: Org) -> dict[str | bytes, str | bytes | int | float]:
         "customer_id": org.customer_id,
         "created_at": repr(org.created_at),
         "default_tier": org.default_tier,
+        "fast_overflow": int(org.fast_overflow),
     }
 
 

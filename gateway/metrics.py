@@ -50,6 +50,11 @@ class GatewayMetrics:
         self.upstream_healthy = Gauge(
             "cstack_upstream_healthy", "Healthy replicas in the pool.", ["tier"], registry=r
         )
+        self.tier_overflows = Counter(
+            "cstack_tier_overflows",
+            "Fast requests served (and billed) as standard: fast was full, the org allows it.",
+            registry=r,
+        )
         self.upstream_replicas = Gauge(
             "cstack_upstream_replicas", "Configured replicas in the pool.", ["tier"], registry=r
         )

@@ -108,10 +108,25 @@ class Relay:
         self._tokens_in = {tier: metrics.tokens.labels(tier, "input") for tier in pools}
         self._tokens_out = {tier: metrics.tokens.labels(tier, "output") for tier in pools}
         self._ttft = {tier: metrics.ttft.labels(tier) for tier in pools}
+        self._overflows = metrics.tier_overflows
 
     def max_model_len(self, tier: str) -> int | None:
         """The context length of the tier's engines, once every replica has reported it."""
         return self._pools[tier].max_model_len
+
+    def overflow_to_standard(self, sequences: int) -> bool:
+        """Whether a fast request of ``sequences``, whose org allows it, goes to the
+        standard pool instead (counted if so): every fast engine is full (or down) right
+        now and a standard engine has room. Never where the tiers share engines, where
+        standard has no room that fast lacks, nor without engine admission, where the
+        gateway cannot tell that an engine is full."""
+        fast, standard = self._pools["fast"], self._pools["standard"]
+        if {r.url for r in fast.replicas} & {r.url for r in standard.replicas}:
+            return False
+        if fast.has_room(sequences) or not standard.has_room(sequences):
+            return False
+        self._overflows.inc()
+        return True
 
     async def settle(self, exchange: Exchange, outcome: Outcome, usage: dict[str, Any]) -> None:
         """Report usage once; billing errors are logged, never turned into client errors."""

@@ -68,6 +68,11 @@ class TierRouter:
             max_tokens={tier: settings.max_tokens_for(tier) for tier in TIERS},
         )
 
+    def route(self, model: str, tier: Tier) -> TierRoute:
+        """``model`` served by ``tier`` whatever the request asked (a fast request that
+        overflows to standard); ``model`` is one ``resolve`` accepted."""
+        return self._routes[(model, tier)]
+
     def resolve(
         self, model: str, service_tier: str | None, org_default: Tier = DEFAULT_TIER
     ) -> TierRoute:

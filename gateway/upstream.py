@@ -130,9 +130,16 @@ class UpstreamPool:
         rotated = candidates[start:] + candidates[:start]
         return min(rotated, key=lambda replica: (self._full(replica), replica.outstanding))
 
-    def _full(self, replica: Replica) -> bool:
+    def has_room(self, sequences: int = 1) -> bool:
+        """Whether a request of ``sequences`` would get slots at once on a healthy replica
+        (always, on a replica without a slot limit)."""
+        return any(r.healthy and not self._full(r, sequences) for r in self.replicas)
+
+    def _full(self, replica: Replica, sequences: int = 1) -> bool:
         slots = replica.slots
-        return slots is not None and (slots.waiting(self.tier) > 0 or not slots.has_room(self.tier))
+        return slots is not None and (
+            slots.waiting(self.tier) > 0 or not slots.has_room(self.tier, sequences)
+        )
 
     async def open(
         self,

@@ -56,8 +56,10 @@ def api_key(redis_url: str) -> str:
 def forwarders(vllm_url: str) -> Iterator[Callable[..., Forwarder]]:
     started: list[Forwarder] = []
 
-    def start(*, overloaded: bool = False, stall_after: int | None = None) -> Forwarder:
-        forwarder = Forwarder(vllm_url, overloaded=overloaded, stall_after=stall_after)
+    def start(
+        *, overloaded: bool = False, hang: bool = False, stall_after: int | None = None
+    ) -> Forwarder:
+        forwarder = Forwarder(vllm_url, overloaded=overloaded, hang=hang, stall_after=stall_after)
         started.append(forwarder)
         return forwarder
 

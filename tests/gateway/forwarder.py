@@ -6,7 +6,9 @@ vLLM replica would, while the shared vLLM behind it keeps running.
 
 With ``--overloaded`` it is a replica that is up but cannot serve: it passes its health
 check and answers every POST with 503 on a kept-alive connection, as an overloaded vLLM
-does, so the gateway's retry of a 5xx on another replica can be tested. With
+does, so the gateway's retry of a 5xx on another replica can be tested. With ``--hang``
+it is a replica whose engine has stalled: healthy, and it never answers a POST, so every
+request sent to it holds its engine slot. With
 ``--stall-after BYTES`` it stops relaying an event stream after that many bytes: a test
 that kills it "mid-stream" then knows the stream cannot have finished already (a fast
 engine can otherwise generate the whole answer into socket buffers before the kill).
@@ -70,8 +72,31 @@ async def answer_overloaded(reader: asyncio.StreamReader, writer: asyncio.Stream
             writer.close()
 
 
+async def answer_hung(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while head := await reader.readuntil(b"\r\n\r\n"):
+            length = 0
+            for line in head.lower().split(b"\r\n"):
+                if line.startswith(b"content-length:"):
+                    length = int(line.split(b":", 1)[1])
+            await reader.readexactly(length)
+            if not head.startswith(b"GET "):
+                await asyncio.Event().wait()  # a POST: never answered
+            body = b'{"object":"list","data":[]}' if b" /v1/models " in head else b""
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+    except (asyncio.IncompleteReadError, ConnectionError, OSError):
+        pass
+    finally:
+        with contextlib.suppress(Exception):
+            writer.close()
+
+
 async def main(
-    listen_port: int, target_host: str, target_port: int, overloaded: bool, stall_after: int | None
+    listen_port: int,
+    target_host: str,
+    target_port: int,
+    mode: str,
+    stall_after: int | None,
 ) -> None:
     async def handle(
         client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter
@@ -88,9 +113,8 @@ async def main(
             pipe(upstream_reader, client_writer, stall_after),
         )
 
-    server = await asyncio.start_server(
-        answer_overloaded if overloaded else handle, "127.0.0.1", listen_port
-    )
+    answer = {"overloaded": answer_overloaded, "hang": answer_hung}.get(mode, handle)
+    server = await asyncio.start_server(answer, "127.0.0.1", listen_port)
     print("ready", flush=True)
     async with server:
         await server.serve_forever()
@@ -98,6 +122,6 @@ async def main(
 
 if __name__ == "__main__":
     options = sys.argv[4:]
-    overloaded = "--overloaded" in options
+    mode = "overloaded" if "--overloaded" in options else "hang" if "--hang" in options else ""
     stall = int(options[options.index("--stall-after") + 1]) if "--stall-after" in options else None
-    asyncio.run(main(int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), overloaded, stall))
+    asyncio.run(main(int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), mode, stall))

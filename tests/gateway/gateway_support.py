@@ -101,7 +101,12 @@ class Forwarder:
     """A separate process relaying a port to an upstream; ``kill`` is a hard crash."""
 
     def __init__(
-        self, target_url: str, *, overloaded: bool = False, stall_after: int | None = None
+        self,
+        target_url: str,
+        *,
+        overloaded: bool = False,
+        hang: bool = False,
+        stall_after: int | None = None,
     ) -> None:
         target = urlparse(target_url)
         self.port = free_port()
@@ -114,6 +119,7 @@ class Forwarder:
                 target.hostname or "",
                 str(target.port),
                 *(["--overloaded"] if overloaded else []),
+                *(["--hang"] if hang else []),
                 *(["--stall-after", str(stall_after)] if stall_after is not None else []),
             ],
             stdout=subprocess.PIPE,
