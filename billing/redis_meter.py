@@ -2,7 +2,8 @@
 
 ``admit`` runs one Lua script (rate limits, suspension, cost reservation) and ``settle``
 another (release the reservation, count the actual cost, append the usage event), so both
-hooks cost one Redis round trip. Reservations of requests in flight are renewed in the
+hooks cost one Redis round trip, shared with the other requests' calls of the moment
+(``billing.batching``). Reservations of requests in flight are renewed in the
 background, one call per process per third of their TTL (``billing.reservations``). When
 Redis is unreachable, settlement goes to the disk spool and admission refuses or admits
 on a bounded per-process allowance, as configured (``billing.outage``).
@@ -20,6 +21,7 @@ from redis import exceptions as redis_errors
 from redis.asyncio import BlockingConnectionPool, Redis
 
 from billing import metrics
+from billing.batching import Script, ScriptBatcher
 from billing.events import usage_event
 from billing.headers import ratelimit_headers
 from billing.lua import ADMIT, RENEW, SETTLE
@@ -37,6 +39,8 @@ logger = logging.getLogger(__name__)
 REDIS_DOWN = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
 SETTLED_MARKER_TTL_S = 14 * 86400
 SPOOL_RESCAN_S = 10.0
+ADMIT_SCRIPT = Script(ADMIT)
+SETTLE_SCRIPT = Script(SETTLE)
 
 
 def _unreachable(exc: BaseException) -> bool:
@@ -100,8 +104,7 @@ class RedisMeter:
                 socket_connect_timeout=settings.redis_timeout_s,
             )
         )
-        self._admit_script = self.redis.register_script(ADMIT)
-        self._settle_script = self.redis.register_script(SETTLE)
+        self._scripts = ScriptBatcher(self.redis)
         renew_script = self.redis.register_script(RENEW)
         self.reservations = ReservationKeeper(
             lambda keys, args: renew_script(keys=keys, args=args), settings.reservation_ttl_s
@@ -149,13 +152,14 @@ class RedisMeter:
         customer_key = suspended_customer_key(request.customer_id) if request.customer_id else "-"
         tokens = request.prompt_tokens + request.max_output_tokens
         try:
-            reply = await self._admit_script(
-                keys=[
+            reply = await self._scripts.call(
+                ADMIT_SCRIPT,
+                [
                     f"cstack:ratelimit:{{{request.key_id}}}",
                     suspended_org_key(request.org_id),
                     customer_key,
                 ],
-                args=[
+                [
                     plan.rpm,
                     plan.tpm,
                     tokens,
@@ -269,9 +273,10 @@ class RedisMeter:
         metrics.usage_events.labels(event.tier, event.outcome).inc()
 
     async def _send(self, record: dict[str, Any]) -> None:
-        await self._settle_script(
-            keys=[self.settings.usage_stream, f"cstack:settled:{record['event_id']}"],
-            args=[
+        await self._scripts.call(
+            SETTLE_SCRIPT,
+            [self.settings.usage_stream, f"cstack:settled:{record['event_id']}"],
+            [
                 record["budget_prefix"],
                 record["period"],
                 record["event_id"],
@@ -299,6 +304,7 @@ class RedisMeter:
             return sent
 
     async def aclose(self) -> None:
+        await self._scripts.aclose()
         await self.reservations.aclose()
         try:
             await self.replay_spool()
