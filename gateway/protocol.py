@@ -1,19 +1,42 @@
 """The OpenAI request protocol the gateway accepts, as pydantic models (vLLM entrypoints style).
 
-Only the fields modelled here are forwarded: unknown fields are dropped (``extra="ignore"``,
-as lenient as OpenAI's SDKs expect), which also keeps vLLM-only knobs that could hurt
-other tenants (``priority``, ``chat_template``, ``kv_transfer_params``...) out of clients'
-reach. Responses are relayed as vLLM wrote them, with ``model`` and ``service_tier``
-rewritten, so they are not modelled.
+Every top-level field of a chat or text completion request has one written policy, declared
+once, on the request models below (``field_policy`` lists them; the README's "Request
+fields" section is the same lists, ``tests/gateway/test_request_fields.py`` checks that
+every parameter of the installed openai SDK has one):
+
+- PASSED: modelled, validated and sent to vLLM (``service_tier`` is the exception: the
+  gateway reads it to pick the tier, and vLLM gets that tier's priority instead).
+- IGNORED (``ignored(...)``): accepted and validated, never sent to vLLM. OpenAI platform
+  features with no effect on an answer's content (storage, caching hints, end-user ids),
+  and ``reasoning_effort``/``verbosity``, which are checked but not yet applied.
+- REFUSED (``refused(...)``): a 400 ``unsupported_parameter`` naming the field when its
+  value asks for something this API cannot do (audio, web search, predicted outputs...).
+  A value that asks for nothing (null, ``best_of: 1``, ``modalities: ["text"]``) is
+  accepted, as OpenAI's SDKs send null for a parameter given as None.
+
+Any other top-level field is a 400 ``unknown_parameter`` naming it, as OpenAI answers
+("Unrecognized request argument supplied"): a misspelt parameter fails loudly instead of
+being dropped, and vLLM-only knobs that could hurt other tenants (``priority``, ``chat_template``,
+``kv_transfer_params``...) never reach vLLM. vLLM's sampling extensions that RL rollouts
+use are PASSED. Objects nested in a request (messages, tools...) drop unknown fields
+instead: clients send answers' messages back with fields OpenAI added to them (``refusal``,
+``annotations``, vLLM's ``reasoning``...), and only the modelled ones are forwarded.
+
+Responses are relayed as vLLM wrote them, with ``model`` and ``service_tier`` rewritten,
+so they are not modelled.
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
+from functools import cache
 from typing import Annotated, Any, Literal, TypeVar
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.fields import FieldInfo
 
 from gateway.errors import GatewayError, bad_request
 
@@ -28,7 +51,42 @@ Stop = str | Annotated[list[str], Field(max_length=16)]
 
 
 class OpenAIModel(BaseModel):
+    """A nested object: unknown fields are dropped (see the module docstring)."""
+
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+
+class Policy(StrEnum):
+    """What the gateway does with a top-level request field (see the module docstring)."""
+
+    PASSED = "passed"
+    IGNORED = "ignored"
+    REFUSED = "refused"
+
+
+#: Where ``ignored``/``refused`` mark a field (its JSON schema extras, unused otherwise).
+_POLICY_KEY = "x-cstack-policy"
+
+
+def ignored(note: str) -> Any:
+    """An IGNORED field: validated by its type, never dumped into vLLM's body."""
+    return Field(
+        default=None,
+        exclude=True,
+        description=note,
+        json_schema_extra={_POLICY_KEY: Policy.IGNORED.value},
+    )
+
+
+def refused(why: str) -> Any:
+    """A REFUSED field: its type admits only values that ask for nothing; any other value
+    is a 400 with ``why`` as the reason (``validation_to_error``)."""
+    return Field(
+        default=None,
+        exclude=True,
+        description=why,
+        json_schema_extra={_POLICY_KEY: Policy.REFUSED.value},
+    )
 
 
 class StreamOptions(OpenAIModel):
@@ -113,6 +171,9 @@ class ResponseFormat(OpenAIModel):
 class SamplingParams(OpenAIModel):
     """Fields shared by chat and text completions."""
 
+    # Top-level fields are strict: see the module docstring.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
     model: str
     max_tokens: Annotated[int, Field(ge=1, le=INT64_MAX)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
@@ -125,7 +186,6 @@ class SamplingParams(OpenAIModel):
     frequency_penalty: Penalty | None = None
     logit_bias: LogitBias | None = None
     seed: Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)] | None = None
-    user: str | None = None
     service_tier: str | None = None
     response_format: ResponseFormat | None = None
     # vLLM sampling extensions that RL rollouts rely on.
@@ -136,6 +196,22 @@ class SamplingParams(OpenAIModel):
     min_tokens: Annotated[int, Field(ge=0, le=INT64_MAX)] | None = None
     ignore_eos: bool | None = None
 
+    # IGNORED
+    user: str | None = ignored("an end-user id OpenAI uses for caching and abuse detection")
+
+
+#: OpenAI's values (openai.types.shared.ReasoningEffort); the test suite checks they agree.
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+Metadata = Annotated[
+    dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
+    Field(max_length=16),
+]
+
+
+class PromptCacheOptions(OpenAIModel):
+    mode: Literal["implicit", "explicit"] | None = None
+    ttl: Literal["30m"] | None = None
+
 
 class ChatCompletionRequest(SamplingParams):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
@@ -145,6 +221,32 @@ class ChatCompletionRequest(SamplingParams):
     tools: Annotated[list[Tool], Field(max_length=128)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+
+    # IGNORED
+    store: bool | None = ignored("nothing is stored: there is no stored-completions API")
+    metadata: Metadata | None = ignored("tags stored completions at OpenAI; kept nowhere")
+    safety_identifier: Annotated[str, Field(max_length=128)] | None = ignored(
+        "an end-user id OpenAI uses for abuse detection"
+    )
+    prompt_cache_key: str | None = ignored("vLLM's prefix cache needs no hint")
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = ignored(
+        "vLLM's prefix cache keeps what fits in memory"
+    )
+    prompt_cache_options: PromptCacheOptions | None = ignored("vLLM's prefix cache needs no hint")
+    # Checked now so that clients learn of a bad value before the values take effect.
+    reasoning_effort: ReasoningEffort | None = ignored("validated, not yet applied")
+    verbosity: Literal["low", "medium", "high"] | None = ignored("validated, not yet applied")
+
+    # REFUSED
+    modalities: list[Literal["text"]] | None = refused(
+        'the models answer in text, only ["text"] is accepted'
+    )
+    audio: None = refused("the models answer in text only")
+    prediction: None = refused("vLLM has no predicted outputs")
+    web_search_options: None = refused("the models have no web search")
+    moderation: None = refused("no moderation model runs here")
+    functions: None = refused("deprecated by OpenAI, declare the functions in tools")
+    function_call: None = refused("deprecated by OpenAI, use tool_choice")
 
 
 TokenIds = Annotated[list[Annotated[int, Field(ge=0, le=2**31 - 1)]], Field(min_length=1)]
@@ -160,6 +262,13 @@ class CompletionRequest(SamplingParams):
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     echo: bool | None = None
 
+    # REFUSED
+    # Sequences sampled but not returned would cost more than admission reserved for n.
+    best_of: Literal[1] | None = refused(
+        "only 1, the default, is accepted (ask for n choices instead)"
+    )
+    suffix: None = refused("vLLM has no insertion mode (text after the completion)")
+
 
 RequestT = TypeVar("RequestT", bound=SamplingParams)
 
@@ -169,17 +278,63 @@ def parse_request(model: type[RequestT], body: bytes) -> RequestT:
     try:
         return model.model_validate_json(body)
     except ValidationError as exc:
-        raise validation_to_error(exc) from None
+        raise validation_to_error(exc, model) from None
 
 
-def validation_to_error(exc: ValidationError) -> GatewayError:
-    first = exc.errors(include_url=False)[0]
+def field_policy(model: type[SamplingParams]) -> dict[str, Policy]:
+    """Every top-level field ``model`` accepts, with its policy (see the module docstring)."""
+    return {name: _policy(info) for name, info in model.model_fields.items()}
+
+
+def _policy(info: FieldInfo) -> Policy:
+    extra = info.json_schema_extra
+    if isinstance(extra, dict) and isinstance(mark := extra.get(_POLICY_KEY), str):
+        return Policy(mark)
+    return Policy.PASSED
+
+
+@cache
+def _refusals(model: type[SamplingParams]) -> dict[str, str]:
+    return {
+        name: info.description or "not supported"
+        for name, info in model.model_fields.items()
+        if _policy(info) is Policy.REFUSED
+    }
+
+
+def validation_to_error(
+    exc: ValidationError, model: type[SamplingParams] | None = None
+) -> GatewayError:
+    errors = exc.errors(include_url=False)
+    refusals = _refusals(model) if model is not None else {}
+    # A field no policy admits is named before any other error of the body: it is what a
+    # client written for another API (or a legacy one) needs to hear about first.
+    first = next(
+        (e for e in errors if e["type"] == "extra_forbidden" or _top(e["loc"]) in refusals),
+        errors[0],
+    )
     if first["type"] == "json_invalid":
         return bad_request(f"request body is not valid JSON: {first['msg']}", code="invalid_json")
     if first["type"] == "model_type":
         return bad_request("request body must be a JSON object", code="invalid_json")
-    param = param_path(first["loc"])
+    top = _top(first["loc"])
+    if first["type"] == "extra_forbidden":
+        # The name as sent (param_path would skip one spelt like a union tag), capped: it
+        # is the client's and is echoed back.
+        name = (top or param_path(first["loc"]))[:200]
+        return bad_request(
+            f"Unrecognized request argument supplied: {name}", param=name, code="unknown_parameter"
+        )
+    if top in refusals:
+        return bad_request(
+            f"{top} is not supported: {refusals[top]}", param=top, code="unsupported_parameter"
+        )
+    param = param_path(first["loc"])[:200]  # dict keys in it are the client's: capped
     return bad_request(f"{param}: {first['msg']}", param=param, code="invalid_value")
+
+
+def _top(loc: tuple[int | str, ...]) -> str | None:
+    return loc[0] if loc and isinstance(loc[0], str) else None
 
 
 def param_path(loc: tuple[int | str, ...]) -> str:

@@ -75,20 +75,18 @@ def test_every_prompt_and_choice_is_reserved(
     )
 
 
-def test_best_of_is_not_forwarded(
+def test_best_of_is_refused_before_admission(
     shaped: tuple[GatewayServer, RecordingMeter], api_key: str
 ) -> None:
-    """Only modelled fields reach vLLM: ``best_of`` (more sequences than choices returned)
-    is dropped, so it can neither cost more than was reserved nor be billed."""
+    """``best_of`` above 1 (more sequences sampled than choices returned) would cost more
+    than ``n`` reserves: it is refused (gateway.protocol), before anything is admitted."""
     gateway, meter = shaped
-    body = {"model": "composer-2.5", "prompt": "a", "max_tokens": 3, "best_of": 4,
-            "ignore_eos": True}  # fmt: skip
+    body = {"model": "composer-2.5", "prompt": "a", "max_tokens": 3, "best_of": 4}
     response = post(gateway, api_key, "/v1/completions", body)
-    assert response.status_code == 200, response.text
-    assert len(response.json()["choices"]) == 1
-    assert response.json()["usage"]["completion_tokens"] == 3
-    (admitted,) = [a for a in meter.admitted if a.request_id == response.headers["x-request-id"]]
-    assert admitted.max_output_tokens == 3
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "best_of"
+    request_id = response.headers["x-request-id"]
+    assert not [a for a in meter.admitted if a.request_id == request_id]
 
 
 def test_an_unset_max_tokens_reserves_the_engines_context(
