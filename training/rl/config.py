@@ -61,6 +61,10 @@ class SessionConfig:
     workers: int = option(1, "Rollout worker processes.")
     max_tokens: int = option(32, "Max tokens per model turn.")
     lr: float = option(0.02, "Muon learning rate (AdamW parts: lr / 10).")
+    mtp_loss_weight: float = option(
+        0.0, "MTP loss weight, so that the fast engines' drafter follows the policy "
+        "(DeepSeek-V3: 0.3, then 0.1); 0: the MTP layers are pushed as loaded.",
+    )  # fmt: skip
     seed: int = option(0, "Seed of the trainer, the tiny checkpoint and rollout sampling.")
     metrics_port: int | None = option(
         None, "Serve trainer and staleness metrics here; workers use the next ports."

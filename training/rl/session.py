@@ -166,7 +166,7 @@ class RlSession:
         return Trainer(
             TrainerConfig(model_path=Path(model), seed=c.seed, batch_size=1, seq_len=1,
                           grad_clip=1.0, optimizer=MuonConfig(lr=c.lr, adamw_lr=c.lr / 10),
-                          metrics_port=c.metrics_port),
+                          mtp_loss_weight=c.mtp_loss_weight, metrics_port=c.metrics_port),
             loss_fn=grpo_loss_hook(grpo),
         )  # fmt: skip
 

@@ -10,6 +10,13 @@ back the original engine. With the tiny model, ``/weight_checker`` showed exactl
 expert tensors differing from a fresh load (vLLM 0.32). This extension reloads, then runs
 that skipped hook in place.
 
+``reload_weights`` also reloads only the target model, never the speculative drafter: an
+engine drafting with the checkpoint's MTP layers (the fast variant) would go on drafting
+with the layers it started with. So an MTP drafter is reloaded from the same checkpoint
+too. It shares the embedding and output head with the target (vLLM's MTP proposer), so
+those load twice, with the same values. Other drafters (an EAGLE head, a separate draft
+model) are not in the trainer's checkpoint and stay as they are.
+
 Only vLLM and torch are imported here, and only inside the methods: this module is loaded
 by every vLLM worker process.
 """
@@ -21,7 +28,7 @@ from typing import Any
 #: ``--worker-extension-cls`` value for engines the RL trainer pushes weights into.
 WORKER_EXTENSION = "training.rollouts.vllm_extension.WeightReloadExtension"
 #: Bumped when the RPC methods below change, so a trainer can refuse an older engine.
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 
 class WeightReloadExtension:
@@ -36,16 +43,40 @@ class WeightReloadExtension:
         return {"extension": WORKER_EXTENSION, "protocol": PROTOCOL_VERSION}
 
     def cstack_reload_weights(self, weights_path: str) -> dict[str, Any]:
-        """Reload an HF checkpoint in place, then repack what the reload left unpacked."""
+        """Reload an HF checkpoint in place into the model and its MTP drafter (if it has
+        one), then repack what the reloads left unpacked."""
         self.reload_weights(weights_path=weights_path)  # type: ignore[attr-defined]
-        repacked = self._cstack_repack_cpu_experts()
-        return {"weights_path": weights_path, "repacked_moe_layers": repacked}
+        runner = self.model_runner  # type: ignore[attr-defined]
+        models = [runner.get_model()]
+        speculative = self.vllm_config.speculative_config  # type: ignore[attr-defined]
+        drafter = None
+        if speculative is not None and speculative.method == "mtp":
+            drafter = getattr(getattr(runner, "drafter", None), "model", None)
+        if drafter is not None:
+            self._cstack_reload_drafter(drafter)
+            models.append(drafter)
+        repacked = sum(self._cstack_repack_cpu_experts(model) for model in models)
+        return {
+            "weights_path": weights_path,
+            "repacked_moe_layers": repacked,
+            "reloaded_drafter": drafter is not None,
+        }
 
-    def _cstack_repack_cpu_experts(self) -> int:
+    def _cstack_reload_drafter(self, drafter: Any) -> None:
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload.inplace import reload_weights
+
+        # The target's reload pointed the model config at the new checkpoint; the drafter
+        # (an MTP model) picks its own layers out of the same files.
+        config = self.vllm_config  # type: ignore[attr-defined]
+        with set_current_vllm_config(config):
+            reload_weights(config, drafter, None, None, is_checkpoint_format=True)
+
+    @staticmethod
+    def _cstack_repack_cpu_experts(model: Any) -> int:
         import torch
         from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
 
-        model = self.model_runner.get_model()  # type: ignore[attr-defined]
         repacked = 0
         with torch.no_grad():
             for module in model.modules():

@@ -2,11 +2,11 @@
 
 Uses vLLM's own endpoints (served when the engine runs with VLLM_SERVER_DEV_MODE=1):
 ``/pause?mode=wait`` lets in-flight requests finish on the old weights, ``/collective_rpc``
-runs our worker extension's exact reload (vllm_extension.py: vLLM's ``reload_weights``
-plus the MoE repack it skips on CPU) on every worker, ``/reset_prefix_cache`` drops KV
-computed with the old weights, ``/update_weight_version`` labels the engine, ``/resume``
-serves again. The version gate (gate.py) brackets it so that no turn straddles the swap
-and every turn records the version that produced it.
+runs our worker extension's exact reload (vllm_extension.py: vLLM's ``reload_weights``,
+of the MTP drafter too, plus the MoE repack it skips on CPU) on every worker,
+``/reset_prefix_cache`` drops KV computed with the old weights, ``/update_weight_version``
+labels the engine, ``/resume`` serves again. The version gate (gate.py) brackets it so
+that no turn straddles the swap and every turn records the version that produced it.
 
 Every request carries the engines' API key (``CSTACK_VLLM_API_KEY`` or ``VLLM_API_KEY``,
 serving's setting). vLLM checks it only on ``/v1/*``, not on these endpoints: what keeps

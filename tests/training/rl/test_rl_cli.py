@@ -38,6 +38,7 @@ def test_flags_fill_the_session_config(sessions: list[SessionConfig], tmp_path: 
         "rl", "--out", str(tmp_path), "--environment", "toolchoice", "--no-feedback",
         "--task", "tools-1", "--task", "tools-2", "--engine-url", "http://a:1",
         "--engine-url", "http://b:2", "--metrics-port", "9100", "--lr", "0.5",
+        "--mtp-loss-weight", "0.1",
     ])  # fmt: skip
     assert result.exit_code == 0, result.output
     (config,) = sessions
@@ -45,6 +46,7 @@ def test_flags_fill_the_session_config(sessions: list[SessionConfig], tmp_path: 
     assert config.task_ids == ("tools-1", "tools-2")
     assert config.engine_urls == ("http://a:1", "http://b:2")
     assert (config.metrics_port, config.lr, config.steps, config.out) == (9100, 0.5, 20, tmp_path)
+    assert config.mtp_loss_weight == 0.1
     assert config.task_dir.is_absolute() and config.feedback_config == DEFAULT_FEEDBACK_FILE
     assert len(config.run_id) == 8
 

@@ -51,6 +51,9 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     attention_bias: bool = False
     initializer_range: float = 0.02
+    # Multi-token-prediction layers after the decoder layers (DeepSeek-V3: 1), kept for
+    # the fast variant's speculative decoding and trained by the MTP loss.
+    num_nextn_predict_layers: int = 0
     # Every other config.json key (token ids, rope scaling, dtype, ...), kept for saving.
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -77,6 +80,8 @@ class ModelConfig:
             raise ValueError("num_experts_per_tok must be <= n_routed_experts")
         if self.qk_rope_head_dim % 2:
             raise ValueError(f"qk_rope_head_dim ({self.qk_rope_head_dim}) must be even")
+        if self.num_nextn_predict_layers < 0:
+            raise ValueError("num_nextn_predict_layers must be >= 0")
         if self.rope_kind not in ("default", "yarn"):
             raise ValueError(f"rope scaling {self.rope_kind!r} is not supported (default or yarn)")
 

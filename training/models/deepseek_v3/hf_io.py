@@ -1,10 +1,15 @@
 """HF checkpoint format <-> the trainer's state dict.
 
-Two differences: the routed experts, which HF (and vLLM) store one tensor per expert
+Three differences: the routed experts, which HF (and vLLM) store one tensor per expert
 (``mlp.experts.E.gate_proj.weight``) and the trainer stacks (``mlp.experts.gate_proj``
-[E, ...]) so that optimizer and expert-parallel code address experts by one index; and
+[E, ...]) so that optimizer and expert-parallel code address experts by one index;
 quantized base checkpoints (DeepSeek-V3 FP8, Kimi INT4), dequantized on load and written
-back in their own format on export (training.models.deepseek_v3.quant).
+back in their own format on export (training.models.deepseek_v3.quant); and the copies of
+the embedding and output head that DeepSeek-V3 stores in each multi-token-prediction
+layer (``model.layers.61.embed_tokens`` and ``.shared_head.head``). The MTP layers share
+those two with the main model, in DeepSeek-V3's training as in vLLM's drafter (which
+replaces them with the target model's), so the trainer has one of each: the copies are
+dropped on load and written back from the main weights on export.
 """
 
 from __future__ import annotations
@@ -26,6 +31,12 @@ from training.models.deepseek_v3.quant import (
 
 _EXPERT_KEY = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(\w+_proj)\.weight$")
 _LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.")
+_MTP_KEY = re.compile(r"^model\.layers\.(\d+)\.eh_proj\.weight$")
+# Each MTP layer's copy of a shared weight, and the main model's weight it copies.
+_MTP_COPIES = {
+    "embed_tokens.weight": "model.embed_tokens.weight",
+    "shared_head.head.weight": "lm_head.weight",
+}
 _SHARD_BYTES = 4 << 30
 
 
@@ -33,17 +44,19 @@ def load_hf_state_dict(
     path: Path, config: ModelConfig, dtype: torch.dtype = torch.float32
 ) -> dict[str, Tensor]:
     """Read every safetensors file of a checkpoint, dequantize quantized weights to
-    ``dtype`` and stack the per-expert tensors."""
+    ``dtype`` and stack the per-expert tensors (MTP layers included, less their copies of
+    the shared weights)."""
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors files in {path}")
+    last = config.num_hidden_layers + config.num_nextn_predict_layers
     flat: dict[str, Tensor] = {}
     for file in files:
         for key, tensor in load_file(str(file)).items():
             layer = _LAYER_KEY.match(key)
-            if layer and int(layer.group(1)) >= config.num_hidden_layers:
-                # DeepSeek-V3's multi-token-prediction layers (model.layers.61.* in the
-                # real checkpoint) are not part of the causal LM; transformers skips them.
+            if layer and int(layer.group(1)) >= last:
+                continue  # past the layers the config declares: no module would hold it
+            if layer and key[layer.end() :] in _MTP_COPIES:
                 continue
             flat[key] = tensor
     scheme = scheme_from_config(config.extra.get("quantization_config"))
@@ -65,8 +78,18 @@ def load_hf_state_dict(
     return state
 
 
+def mtp_layers_in(state: dict[str, Tensor], config: ModelConfig) -> int:
+    """How many of the MTP layers ``config`` declares ``state`` holds. transformers writes
+    ``num_nextn_predict_layers`` (default 1) into every DeepSeek-V3 config it saves, with
+    no MTP weights; such a checkpoint is a model without MTP layers."""
+    first = config.num_hidden_layers
+    present = {int(m.group(1)) - first for key in state if (m := _MTP_KEY.match(key))}
+    return sum(1 for k in range(config.num_nextn_predict_layers) if k in present)
+
+
 def to_hf_state_dict(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Unstack experts into HF's per-expert keys (tensors made contiguous, on CPU)."""
+    """Unstack experts into HF's per-expert keys and give each MTP layer its copies of the
+    shared weights (tensors made contiguous, on CPU)."""
     out: dict[str, Tensor] = {}
     for key, tensor in state.items():
         if key.endswith("tokens_per_expert"):
@@ -78,6 +101,11 @@ def to_hf_state_dict(state: dict[str, Tensor]) -> dict[str, Tensor]:
                 out[f"{prefix}.{index}.{proj}.weight"] = expert.detach().cpu().contiguous()
         else:
             out[key] = tensor.detach().cpu().contiguous()
+    for key in list(out):
+        mtp = _MTP_KEY.match(key)
+        if mtp:
+            for copy, source in _MTP_COPIES.items():
+                out[f"model.layers.{mtp.group(1)}.{copy}"] = out[source].clone()
     return out
 
 

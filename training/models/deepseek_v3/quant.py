@@ -19,7 +19,8 @@ export exactly as they loaded the base model.
   back to the same codes and scale.
 
 Which modules are quantized on export: the linear projections of attention and MLPs
-(never embeddings, norms, the router or ``lm_head``) minus the config's ``ignore``
+(never embeddings, norms, the router, ``lm_head`` or an MTP layer's ``eh_proj``, which
+DeepSeek-V3's FP8 checkpoint keeps in bf16) minus the config's ``ignore``
 (compressed-tensors; ``re:`` entries are regular expressions) or
 ``modules_to_not_convert`` / ``ignored_layers`` (FP8). Kimi's list leaves only the routed
 experts; DeepSeek-V3's is empty, so every projection is FP8.
