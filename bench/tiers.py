@@ -32,13 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from billed_stack import billed_gateway
 
-from billing.ledger import make_engine, migrate
 from serving.process import ManagedProcess, free_port
 from serving.tiny import build_tiny_checkpoint
-from serving.valkey import start_valkey
 
-ADMIN_TOKEN = secrets.token_urlsafe(16)
 PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
 
 
@@ -142,44 +140,13 @@ async def scenario(
 @contextlib.contextmanager
 def stack(tmp: Path, admission: bool, engine_url: str, engine_key: str) -> Iterator[str]:
     """`cstack gateway` (billing on) in front of the engine; its URL, with a key made."""
-    ledger = f"sqlite:///{tmp / f'ledger-{admission}.db'}"
-    migrate(make_engine(ledger))
-    valkey = start_valkey()
-    port, internal = free_port(), free_port()
     env = {
-        "CSTACK_PORT": str(port),
-        "CSTACK_INTERNAL_PORT": str(internal),
         "CSTACK_UPSTREAM_URL": engine_url,
         "CSTACK_UPSTREAM_API_KEY": engine_key,
-        "CSTACK_REDIS_URL": str(valkey.connection_url),
-        "CSTACK_LEDGER_URL": ledger,
-        "CSTACK_ADMIN_TOKEN": ADMIN_TOKEN,
-        "CSTACK_USAGE_SPOOL_DIR": str(tmp / f"spool-{admission}"),
         "CSTACK_ENGINE_ADMISSION": str(admission).lower(),
-        "CSTACK_SERVING_PROFILE": "cpu",
     }
-    gateway = ManagedProcess(
-        "gateway",
-        [sys.executable, "-m", "deploy.cli", "gateway", "--log-level", "warning"],
-        tmp / f"gateway-{admission}.log",
-        f"http://127.0.0.1:{port}/readyz",
-        env,
-    )
-    gateway.start()
-    try:
-        gateway.wait_healthy(timeout_s=120)
-        admin = {"authorization": f"Bearer {ADMIN_TOKEN}"}
-        internal_url = f"http://127.0.0.1:{internal}"
-        httpx.post(
-            f"{internal_url}/admin/orgs",
-            json={"org_id": "bench", "plan": "enterprise"},
-            headers=admin,
-        ).raise_for_status()
-        key = httpx.post(f"{internal_url}/admin/orgs/bench/keys", headers=admin).json()["key"]
-        yield f"http://127.0.0.1:{port}|{key}"
-    finally:
-        gateway.stop()
-        valkey.stop()
+    with billed_gateway(tmp, f"admission-{admission}", env) as gateway:
+        yield f"{gateway.url}|{gateway.key}"
 
 
 def row(label: str, measured: Probe, goodput: Load, elapsed: float) -> str:

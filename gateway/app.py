@@ -119,6 +119,7 @@ def _build_parts(settings: GatewaySettings, meter: Meter) -> _Parts:
         health_interval_s=settings.health_interval_s,
         health_timeout_s=settings.health_timeout_s,
         api_key=settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None,
+        routing=settings.routing,
     )
     generation = GenerationHandler(
         settings,

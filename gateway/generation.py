@@ -39,8 +39,15 @@ from gateway.assemble import Assembler, ChatAssembler, CompletionAssembler
 from gateway.auth import Authenticator
 from gateway.errors import GatewayError, bad_request
 from gateway.middleware import REQUEST_ID, TIER
-from gateway.protocol import ChatCompletionRequest, CompletionRequest, SamplingParams, parse_request
+from gateway.protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    SamplingParams,
+    parse_request,
+)
 from gateway.relay import Exchange, Relay
+from gateway.routing import PrefixKey, chat_key, text_key
 from gateway.settings import GatewaySettings
 from gateway.sse import StreamRewriter
 from gateway.tiers import TierRoute, TierRouter
@@ -52,6 +59,8 @@ TIER_HEADER = "x-cstack-tier"
 _TIER_HEADERS: dict[Tier, tuple[bytes, bytes]] = {
     tier: (TIER_HEADER.encode(), tier.encode()) for tier in TIERS
 }
+#: A client's name for a conversation: its requests go to the same replica (its cache).
+SESSION_HEADER = "x-session-id"
 UPSTREAM_STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
 #: Tokens allowed for what a chat template adds once when a request declares tools (the
 #: tiny checkpoint's Hermes-style preamble is about 110; 512 leaves room for longer ones).
@@ -134,6 +143,9 @@ class GenerationHandler:
             datetime.now(UTC),
             deadline,
             sequences=shape.prompts * shape.n,
+            prefix=prefix_key(parsed, request.headers.get(SESSION_HEADER))
+            if self._relay.routes_by_prefix(route.tier)
+            else None,
         )
         # A text completion's choice i answers prompt i // n; a chat has a single prompt.
         per_prompt = shape.n if isinstance(parsed, CompletionRequest) else None
@@ -257,6 +269,32 @@ class GenerationHandler:
             max_output_tokens=per_sequence * n * prompts,
             prompt_tokens=prompt_tokens,
         )
+
+
+def prefix_key(parsed: SamplingParams, session: str | None) -> PrefixKey:
+    """The request's prompt prefix and session, for prefix-aware routing."""
+    session = session or parsed.user
+    if isinstance(parsed, ChatCompletionRequest):
+        tools = pydantic_core.to_json(parsed.tools) if parsed.tools else b""
+        return chat_key([message_block(m) for m in parsed.messages], tools, session)
+    assert isinstance(parsed, CompletionRequest)
+    prompt = parsed.prompt
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        prompt = prompt[0]  # several prompts: the first decides
+    return text_key(prompt, session)  # type: ignore[arg-type]
+
+
+def message_block(message: ChatMessage) -> bytes:
+    """What of a message its prefix hash covers: what the chat template renders of it.
+    (Cheaper than serialising the model: this runs per message of every request.)"""
+    content = message.content
+    if isinstance(content, list):
+        content = "".join(part.text for part in content)
+    parts = [message.role, message.name or "", content or "", message.tool_call_id or ""]
+    block = "\0".join(parts).encode()
+    if message.tool_calls:
+        block += pydantic_core.to_json(message.tool_calls)
+    return block
 
 
 def prompt_count(prompt: str | list[str] | list[int] | list[list[int]]) -> int:

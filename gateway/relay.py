@@ -30,6 +30,7 @@ from gateway.capacity import EngineBusy
 from gateway.errors import GatewayError, upstream_unavailable
 from gateway.http1 import UpstreamCut, UpstreamReadTimeout
 from gateway.metrics import GatewayMetrics
+from gateway.routing import PrefixKey
 from gateway.sse import StreamRewriter, error_event
 from gateway.tiers import TierRoute
 from gateway.upstream import (
@@ -62,6 +63,8 @@ class Exchange:
     deadline: float
     #: Sequences the engine runs for it (prompts x n): the engine slots it takes.
     sequences: int = 1
+    #: Its prompt prefix, where the pool routes by prefix.
+    prefix: PrefixKey | None = None
     started: float = field(default_factory=time.perf_counter)
     settled: bool = False
 
@@ -113,6 +116,11 @@ class Relay:
     def max_model_len(self, tier: str) -> int | None:
         """The context length of the tier's engines, once every replica has reported it."""
         return self._pools[tier].max_model_len
+
+    def routes_by_prefix(self, tier: str) -> bool:
+        """Whether the tier's pool picks replicas by prompt prefix (a request's key is
+        computed only then)."""
+        return self._pools[tier].prefixes is not None
 
     def overflow_to_standard(self, sequences: int) -> bool:
         """Whether a fast request of ``sequences``, whose org allows it, goes to the
@@ -169,7 +177,7 @@ class Relay:
         headers = {"content-type": "application/json", "x-request-id": exchange.request_id}
         pool = self._pools[exchange.route.tier]
         try:
-            return await pool.open(path, body, headers, avoid, exchange.sequences)
+            return await pool.open(path, body, headers, avoid, exchange.sequences, exchange.prefix)
         except EngineBusy as exc:
             await self.settle(exchange, "upstream_error", {})
             raise GatewayError(

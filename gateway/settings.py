@@ -21,6 +21,8 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from gateway.routing import RoutingPolicy
+
 UrlList = Annotated[list[str], NoDecode]
 
 
@@ -54,6 +56,10 @@ class GatewaySettings(BaseSettings):
     #: as serving/variants.yaml's ``admission`` says (gateway/capacity.py). Off only for
     #: benchmarks of the relay itself against a stub upstream.
     engine_admission: bool = True
+    #: How a pool of several replicas picks one: ``prefix`` (to the replica holding the
+    #: request's prompt prefix in its cache, balanced against load: gateway/routing.py),
+    #: ``least_outstanding`` or ``round_robin``.
+    routing: RoutingPolicy = "prefix"
     health_interval_s: float = 1.0
     health_timeout_s: float = 1.0
 

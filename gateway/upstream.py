@@ -1,4 +1,4 @@
-"""Upstream pools: replicas of one tier, health-checked, least-outstanding balancing.
+"""Upstream pools: replicas of one tier, health-checked, prefix-aware balancing.
 
 One pool of keep-alive connections per replica (``gateway.http1`` says why not httpx).
 ``open`` sends a request and returns the response with its head read (body not yet read);
@@ -13,11 +13,13 @@ import contextlib
 import itertools
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gateway.capacity import EngineSlots, SlotPolicy
 from gateway.http1 import ConnectionPool, Response, UpstreamConnectError, UpstreamReadTimeout
 from gateway.metrics import GatewayMetrics
+from gateway.routing import PrefixKey, PrefixTable, RoutingPolicy
 from serving.tiers import Tier
 
 logger = logging.getLogger(__name__)
@@ -82,9 +84,15 @@ class UpstreamPool:
         replicas: list[Replica],
         metrics: GatewayMetrics,
         max_queue_wait_s: float = 30.0,
+        routing: RoutingPolicy = "prefix",
     ) -> None:
         self.tier = tier
         self.replicas = replicas
+        self.routing: RoutingPolicy = routing
+        #: Where each prompt prefix was last sent (``routing == "prefix"``).
+        self.prefixes: PrefixTable[Replica] | None = (
+            PrefixTable() if routing == "prefix" and len(replicas) > 1 else None
+        )
         #: How long a request may wait in the gateway for a slot on a full engine.
         self.max_queue_wait_s = max_queue_wait_s
         self._rotation = itertools.count()
@@ -114,11 +122,15 @@ class UpstreamPool:
     def count_error(self, kind: str) -> None:
         self._errors[kind].inc()
 
-    def pick(self, exclude: set[Replica], turn: int) -> Replica | None:
-        """Least outstanding requests among healthy replicas; ``turn`` rotates ties.
+    def pick(
+        self, exclude: set[Replica], turn: int, key: PrefixKey | None = None
+    ) -> Replica | None:
+        """The replica for a request (``key``: its prompt prefix, for prefix routing).
 
-        One turn per request, not per pick: were a retry's pick to advance the rotation,
-        two replicas with one failing would see every request try the failing one first.
+        Among healthy replicas: by the pool's routing policy, a full engine last. ``turn``
+        rotates ties, one turn per request, not per pick: were a retry's pick to advance
+        the rotation, two replicas with one failing would see every request try the
+        failing one first.
         """
         candidates = [r for r in self.replicas if r.healthy and r not in exclude]
         if not candidates:
@@ -128,7 +140,18 @@ class UpstreamPool:
             return None
         start = turn % len(candidates)
         rotated = candidates[start:] + candidates[:start]
-        return min(rotated, key=lambda replica: (self._full(replica), replica.outstanding))
+        if self.routing == "round_robin":
+            return min(rotated, key=self._full)  # the first in turn that has room
+        if self.prefixes is not None and key is not None and len(rotated) > 1:
+            return self.prefixes.pick(key, rotated, self._load, self._least_loaded)
+        return self._least_loaded(rotated)
+
+    def _load(self, replica: Replica) -> int:
+        # A full engine counts as busier than any slack: the request would only queue there.
+        return replica.outstanding + (1 << 20 if self._full(replica) else 0)
+
+    def _least_loaded(self, candidates: Sequence[Replica]) -> Replica:
+        return min(candidates, key=lambda replica: (self._full(replica), replica.outstanding))
 
     def has_room(self, sequences: int = 1) -> bool:
         """Whether a request of ``sequences`` would get slots at once on a healthy replica
@@ -148,6 +171,7 @@ class UpstreamPool:
         headers: dict[str, str],
         avoid: Replica | None = None,
         sequences: int = 1,
+        key: PrefixKey | None = None,
     ) -> UpstreamResponse:
         """Send to the best replica (never ``avoid``: it just failed this request), once
         its engine has slots for the request's ``sequences`` (``EngineBusy`` if it has not
@@ -156,9 +180,11 @@ class UpstreamPool:
         last_error = "no upstream replica configured"
         turn = next(self._rotation)
         for attempt in range(2):
-            replica = self.pick(tried, turn)
+            replica = self.pick(tried, turn, key)
             if replica is None:
                 break
+            if self.prefixes is not None and key is not None:
+                self.prefixes.record(key, replica)
             if attempt or avoid is not None:
                 self._retries.inc()
             tried.add(replica)
@@ -196,7 +222,13 @@ class UpstreamPool:
         if replica.healthy:
             replica.healthy = False
             logger.warning("upstream %s marked down after a failed request", replica.url)
+            self.forget(replica)
         self.refresh_gauge()
+
+    def forget(self, replica: Replica) -> None:
+        """``replica`` went down: whatever it had cached is gone with it."""
+        if self.prefixes is not None:
+            self.prefixes.forget(replica)
 
 
 class Upstreams:
@@ -215,10 +247,12 @@ class Upstreams:
         health_interval_s: float,
         health_timeout_s: float,
         api_key: str | None = None,
+        routing: RoutingPolicy = "prefix",
     ) -> None:
         """``api_key``: the upstreams' (vLLM's) key, sent on every request to them.
         ``slot_policies``: per URL, how its engine's slots are shared (none: no limit);
-        ``max_queue_wait_s``: per tier, the longest wait for a slot."""
+        ``max_queue_wait_s``: per tier, the longest wait for a slot; ``routing``: how a
+        pool of several replicas picks one (``gateway.routing``)."""
         self._connect_timeout_s = connect_timeout_s
         self._api_key = api_key
         self._read_timeout_s = read_timeout_s
@@ -232,7 +266,11 @@ class Upstreams:
         waits = max_queue_wait_s or {}
         self.pools: dict[str, UpstreamPool] = {
             tier: UpstreamPool(
-                tier, [self.replicas[url] for url in urls], metrics, waits.get(tier, 30.0)
+                tier,
+                [self.replicas[url] for url in urls],
+                metrics,
+                waits.get(tier, 30.0),
+                routing,
             )
             for tier, urls in urls_by_tier.items()
         }
@@ -254,6 +292,9 @@ class Upstreams:
                 healthy = False
             if healthy != replica.healthy:
                 logger.warning("upstream %s healthy=%s", replica.url, healthy)
+                if not healthy:
+                    for pool in self.pools.values():
+                        pool.forget(replica)
             replica.healthy = healthy
             # A replica that comes back may have been redeployed with another context.
             if not healthy:
