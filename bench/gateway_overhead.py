@@ -1,23 +1,42 @@
-"""What the gateway adds: the same load straight to an upstream and through `cstack gateway`.
+"""What the gateway costs: the same load straight to an upstream, through `cstack gateway` as
+production runs it, and through LiteLLM's proxy, all in one run.
 
-One run starts a fast OpenAI-speaking upstream (its own process, a raw asyncio HTTP
-server answering canned completions and SSE streams), an embedded Valkey holding one API
-key, and the real gateway (`python -m deploy.cli gateway`, its own process) in front of
-the upstream. It then sends identical requests, alternately direct and via the gateway:
+One run starts a fast OpenAI-speaking upstream (its own process: a raw asyncio HTTP server
+answering canned completions and SSE streams), an embedded Valkey (the product's default
+Redis, with its password) and, in front of that one upstream, side by side:
 
-1. paced at --rate requests/s (open loop, latency measured from the scheduled send time
-   so queueing counts): p50/p99 latency each way and the added p50/p99;
-2. closed loop at the concurrency that runs the direct path at --rate (rate x the
-   upstream's answer time): throughput each way and the ratio;
+- `cstack gateway` as production runs it: billing on (the real meter: admission and rate
+  limits in Redis, usage events into the Redis stream that the billing worker writes to the
+  ledger), default settings, one worker. This is the headline row;
+- the same with billing off (`CSTACK_BILLING=false`), labelled: the relay's own cost;
+- the same as the headline with `--workers 2`;
+- with `--litellm PATH`, LiteLLM's proxy (`litellm[proxy]==1.100.0` in a venv of its own:
+  `python3 -m venv /tmp/litellm-venv && /tmp/litellm-venv/bin/pip install
+  'litellm[proxy]==1.100.0'`), no database, one worker, a master key.
 
-for non-streaming requests and for short streams (time to first event and to the end).
-With --vllm-url it also compares time-to-first-token against a real vLLM at low load.
+Every gateway runs with engine admission off (`CSTACK_ENGINE_ADMISSION=false`): the
+stand-in upstream is no engine with a batch size, and holding it to the cpu profile's 8
+slots would measure the queue, not the gateway. The ledger (`--ledger-url`; a SQLite file
+in a temp dir by default, `cstack up`'s default) is off the request path: the billing
+worker writes it from the stream in production, in pods of its own, so it is not run here.
+Keys belong to a plan whose limits never bind (`bench`, added to the shipped price book).
 
-    .venv/bin/python bench/gateway_overhead.py [--rate 500] [--seconds 10] [--vllm-url URL]
+Then it sends identical requests (chat completion, `max_tokens` 8; streams of 8 events and
+`[DONE]`) to each, one after the other:
 
-Not the production configuration: the gateway runs with billing off and engine admission
-off, so these are the relay's own costs. Measuring billing on as the headline, with billing
-off as a labelled extra row, is still to do.
+1. throughput: a closed loop of --clients clients (keep-alive connections), the upstream
+   answering at once, for --seconds, --rounds times round-robin over the targets: req/s,
+   p50/p99 latency, and the CPU per request of the target's processes (all of them);
+2. added latency: paced at --rate requests/s (open loop, latency counted from the scheduled
+   send time so queueing counts), the upstream answering in --upstream-delay-ms: p50/p99 and
+   what each adds to the direct path's. A target whose throughput in part 1 was under the
+   rate is left out (it would only measure its queue).
+
+With --vllm-url it also compares time-to-first-token against a real vLLM at low load,
+through the headline gateway.
+
+    .venv/bin/python bench/gateway_overhead.py [--litellm /tmp/litellm-venv/bin/litellm]
+        [--seconds 10] [--rounds 2] [--clients 8] [--rate 300] [--vllm-url URL]
 """
 
 from __future__ import annotations
@@ -26,14 +45,15 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from functools import partial
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAT_BODY = {
@@ -42,6 +62,14 @@ CHAT_BODY = {
     "max_tokens": 8,
 }
 STREAM_EVENTS = 8
+#: A plan whose limits never bind: the benchmark measures the meter, not its refusals.
+BENCH_PLAN = {
+    "included_usd": "1000000.00",
+    "overage": "refused",
+    "rpm": 1_000_000_000,
+    "tpm": 1_000_000_000_000,
+}
+LITELLM_KEY = "sk-bench-master-key"
 
 
 # --- the fast upstream (runs in its own process: --serve-upstream PORT) -------------------
@@ -84,7 +112,9 @@ def canned_responses() -> tuple[bytes, bytes]:
 
 class UpstreamProtocol(asyncio.Protocol):
     """Answers after ``delay_s`` (a stand-in for generation time); streams arrive in two
-    bursts, half the events at ``delay_s / 2``, so relaying is interleaved with waiting."""
+    bursts, half the events at ``delay_s / 2``, so relaying is interleaved with waiting.
+    ``POST /bench/delay`` with a body of milliseconds sets ``delay_s`` (the benchmark's
+    control, sent straight to it)."""
 
     PLAIN, STREAM = canned_responses()
     HEALTH = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"
@@ -98,6 +128,12 @@ class UpstreamProtocol(asyncio.Protocol):
     def write(self, data: bytes) -> None:
         if not self.transport.is_closing():
             self.transport.write(data)
+
+    def answer(self, data: bytes) -> None:
+        if self.delay_s:
+            self.loop.call_later(self.delay_s, self.write, data)
+        else:
+            self.write(data)
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
@@ -113,16 +149,22 @@ class UpstreamProtocol(asyncio.Protocol):
             self.buffer = self.buffer[head_end + 4 + length :]
             if head.startswith(b"get /health"):
                 self.write(self.HEALTH)
-            elif b'"stream":true' in body:
+            elif head.startswith(b"post /bench/delay"):
+                UpstreamProtocol.delay_s = float(body) / 1000
+                self.write(self.HEALTH)
+            # The gateway writes compact JSON, the openai SDK (LiteLLM) JSON with spaces.
+            elif b'"stream":true' in body or b'"stream": true' in body:
                 half = len(self.STREAM) // 2
-                self.loop.call_later(self.delay_s / 2, self.write, self.STREAM[:half])
-                self.loop.call_later(self.delay_s, self.write, self.STREAM[half:])
+                if self.delay_s:
+                    self.loop.call_later(self.delay_s / 2, self.write, self.STREAM[:half])
+                    self.loop.call_later(self.delay_s, self.write, self.STREAM[half:])
+                else:
+                    self.write(self.STREAM)
             else:
-                self.loop.call_later(self.delay_s, self.write, self.PLAIN)
+                self.answer(self.PLAIN)
 
 
-async def serve_upstream(port: int, delay_s: float) -> None:
-    UpstreamProtocol.delay_s = delay_s
+async def serve_upstream(port: int) -> None:
     server = await asyncio.get_running_loop().create_server(UpstreamProtocol, "127.0.0.1", port)
     print("ready", flush=True)
     await server.serve_forever()
@@ -233,20 +275,65 @@ async def run_load(
     return Sample(latency, first_event, elapsed)
 
 
-# --- orchestration ------------------------------------------------------------------------
+# --- the targets ------------------------------------------------------------------------
 
 
-def start_process(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    # stderr stays on the terminal (errors show); stdout is never read, so not a pipe.
-    env = {**os.environ, **(env or {})}
-    return subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+@dataclass
+class Target:
+    """Something the load goes to: its name in the tables, its port, the key it wants, and
+    the processes whose CPU it spends (empty for the direct path: the upstream's is not
+    the gateway's)."""
+
+    name: str
+    port: int
+    key: str | None
+    pids: list[int] = field(default_factory=list)
+    #: The Redis it meters through (its CPU is shown apart: production runs it elsewhere).
+    redis_pids: list[int] = field(default_factory=list)
+    #: The paths its requests go to (LiteLLM's proxy serves the same /v1 routes).
+    path: str = "/v1/chat/completions"
+
+    def cpu_seconds(self, redis: bool = False) -> float:
+        """User + system CPU time so far of its processes and their children (or Redis)."""
+        import psutil
+
+        total = 0.0
+        for pid in self.redis_pids if redis else self.pids:
+            try:
+                process = psutil.Process(pid)
+                for each in [process, *process.children(recursive=True)]:
+                    times = each.cpu_times()
+                    total += times.user + times.system
+            except psutil.NoSuchProcess:
+                continue
+        return total
 
 
-def wait_http(url: str, timeout_s: float = 60) -> None:
+def start_process(
+    args: list[str], env: dict[str, str | None] | None = None, log: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """``env``: variables to set, or (None) to remove. stderr stays on the terminal (errors
+    show) unless a log is given; stdout is never read."""
+    merged = {**os.environ, **(env or {})}
+    environment = {name: value for name, value in merged.items() if value is not None}
+    out = log.open("ab") if log else None
+    return subprocess.Popen(
+        args,
+        cwd=ROOT,
+        env=environment,
+        stdout=out or subprocess.DEVNULL,
+        stderr=out,
+        start_new_session=True,
+    )
+
+
+def wait_http(url: str, process: subprocess.Popen[bytes], timeout_s: float = 120) -> None:
     import httpx
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args!r} exited with status {process.returncode}")
         try:
             if httpx.get(url, timeout=1).status_code == 200:
                 return
@@ -256,7 +343,7 @@ def wait_http(url: str, timeout_s: float = 60) -> None:
     raise RuntimeError(f"{url} did not become ready")
 
 
-def make_key(redis_url: str) -> str:
+def make_key(redis_url: str, plan: str) -> str:
     from redis.asyncio import Redis
 
     from gateway.keys import KeyStore
@@ -265,177 +352,342 @@ def make_key(redis_url: str) -> str:
         redis = Redis.from_url(redis_url)
         store = KeyStore(redis, "default")
         if await store.get_org("bench") is None:
-            await store.create_org("bench")
-        token, _ = await store.create_key("bench")
+            await store.create_org("bench", plan=plan)
+        token, _ = await store.create_key("bench", plan=plan)
         await redis.aclose()  # type: ignore[attr-defined]
         return token
 
     return asyncio.run(create())
 
 
+def write_price_book(directory: Path) -> Path:
+    """The shipped price book plus the ``bench`` plan."""
+    import yaml
+
+    from billing.settings import DEFAULT_PRICEBOOK_PATH
+
+    book = yaml.safe_load(DEFAULT_PRICEBOOK_PATH.read_text())
+    book["plans"]["bench"] = BENCH_PLAN
+    path = directory / "pricebook.yaml"
+    path.write_text(yaml.safe_dump(book))
+    return path
+
+
+def start_gateway(
+    port: int, env: dict[str, str | None], workers: int, log: Path
+) -> subprocess.Popen[bytes]:
+    """The real `cstack gateway` process (its own process group, like a container's)."""
+    from serving.process import free_port
+
+    command = [sys.executable, "-m", "deploy.cli", "gateway", "--port", str(port)]
+    command += ["--internal-port", str(free_port()), "--workers", str(workers)]
+    process = start_process(command, env, log)
+    wait_http(f"http://127.0.0.1:{port}/readyz", process)
+    return process
+
+
+def start_litellm(
+    executable: str, port: int, upstream_port: int, directory: Path
+) -> subprocess.Popen[bytes]:
+    """LiteLLM's proxy in front of the same upstream: no database, one worker, a master key."""
+    import yaml
+
+    config = {
+        "model_list": [
+            {
+                "model_name": "composer-2.5",
+                "litellm_params": {
+                    "model": "openai/composer-2.5",
+                    "api_base": f"http://127.0.0.1:{upstream_port}/v1",
+                    "api_key": "sk-upstream",
+                },
+            }
+        ],
+        "general_settings": {"master_key": LITELLM_KEY},
+    }
+    path = directory / "litellm.yaml"
+    path.write_text(yaml.safe_dump(config))
+    env = {
+        # No network here: the packaged model price map, not a download at start.
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "LITELLM_LOG": "ERROR",
+        "LITELLM_TELEMETRY": "False",
+        # No database (its DATABASE_URL unset): keys other than the master key need one.
+        "DATABASE_URL": None,
+    }
+    command = [executable, "--config", str(path), "--host", "127.0.0.1", "--port", str(port)]
+    process = start_process([*command, "--num_workers", "1"], env, directory / "litellm.log")
+    wait_http(f"http://127.0.0.1:{port}/health/liveliness", process, timeout_s=300)
+    return process
+
+
+# --- measuring ----------------------------------------------------------------------------
+
+
 def ms(value: float) -> str:
-    return f"{value * 1000:7.2f}"
+    return f"{value * 1000:.2f}"
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+@dataclass
+class Measured:
+    sample: Sample
+    #: CPU per request of the target's processes, and of its Redis.
+    cpu_us: float
+    redis_us: float
 
 
-async def compare(
-    label: str,
-    direct: Callable[[], Awaitable[Sample]],
-    via_gateway: Callable[[], Awaitable[Sample]],
-    streaming: bool,
-    gateway_pid: int,
-) -> None:
-    d = await direct()
-    cpu_before = cpu_seconds(gateway_pid)
-    g = await via_gateway()
-    gateway_cpu_us = (cpu_seconds(gateway_pid) - cpu_before) / len(g.latency) * 1e6
-    print(f"\n{label}")
-    print(
-        f"  {'':9}{'n':>7}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}"
-        + ("  first-event p50/p99 ms" if streaming else "")
+async def measure(target: Target, body: dict[str, Any], concurrency: int, seconds: float,
+                  rate: float | None) -> Measured:  # fmt: skip
+    request = build_request(target.port, target.path, body, target.key)
+    before, redis_before = target.cpu_seconds(), target.cpu_seconds(redis=True)
+    sample = await run_load(target.port, request, concurrency, seconds, rate)
+    count = max(1, len(sample.latency))
+    cpu = (target.cpu_seconds() - before) / count * 1e6
+    return Measured(sample, cpu, (target.cpu_seconds(redis=True) - redis_before) / count * 1e6)
+
+
+async def set_upstream_delay(upstream_port: int, delay_ms: float) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", upstream_port)
+    payload = str(delay_ms).encode()
+    writer.write(
+        b"POST /bench/delay HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s"
+        % (len(payload), payload)
     )
-    for name, s in (("direct", d), ("gateway", g)):
-        extra = (
-            f"  {ms(percentile(s.first_event, 0.5))} / {ms(percentile(s.first_event, 0.99))}"
-            if streaming
-            else ""
-        )
-        print(
-            f"  {name:9}{len(s.latency):7d}{s.throughput:9.1f}"
-            f"{ms(percentile(s.latency, 0.5)):>9}{ms(percentile(s.latency, 0.99)):>9}{extra}"
-        )
-    print(
-        f"  added p50 {ms(percentile(g.latency, 0.5) - percentile(d.latency, 0.5))} ms, "
-        f"added p99 {ms(percentile(g.latency, 0.99) - percentile(d.latency, 0.99))} ms, "
-        f"throughput ratio {g.throughput / d.throughput:.2f}x, "
-        f"gateway CPU {gateway_cpu_us:.0f} us/request"
-    )
+    await reader.readuntil(b"\r\n\r\n")
+    writer.close()
 
 
-async def benchmark(
-    args: argparse.Namespace, key: str, upstream_port: int, gateway_port: int, gateway_pid: int
-) -> None:
-    # Closed loop at the concurrency that makes the direct path run at --rate.
-    closed_concurrency = max(1, round(args.rate * args.upstream_delay_ms / 1000))
+async def warm(targets: list[Target], body: dict[str, Any]) -> None:
+    for target in targets:
+        await measure(target, body, 8, 1.0, None)
+
+
+async def throughput(
+    args: argparse.Namespace, targets: list[Target], upstream_port: int
+) -> dict[str, float]:
+    """Part 1; returns each target's best non-streaming req/s (part 2 skips the slow ones)."""
+    await set_upstream_delay(upstream_port, 0)
+    best: dict[str, float] = {}
     for streaming in (False, True):
         body = {**CHAT_BODY, "stream": True} if streaming else CHAT_BODY
-        direct = build_request(upstream_port, "/v1/chat/completions", body, None)
-        via = build_request(gateway_port, "/v1/chat/completions", body, key)
-        kind = "stream" if streaming else "non-stream"
-        # Warm both paths (connections, key cache, code paths).
-        await run_load(upstream_port, direct, 8, 1.0, None)
-        await run_load(gateway_port, via, 8, 1.0, None)
-        await compare(
-            f"{kind}, paced at {args.rate:g} req/s for {args.seconds:g} s",
-            partial(run_load, upstream_port, direct, args.concurrency, args.seconds, args.rate),
-            partial(run_load, gateway_port, via, args.concurrency, args.seconds, args.rate),
-            streaming,
-            gateway_pid,
+        await warm(targets, body)
+        runs: dict[str, list[Measured]] = {t.name: [] for t in targets}
+        for _ in range(args.rounds):
+            for target in targets:
+                runs[target.name].append(
+                    await measure(target, body, args.clients, args.seconds, None)
+                )
+        kind = "streams (whole stream)" if streaming else "non-streaming"
+        print(
+            f"\n1. throughput, {kind}: closed loop, {args.clients} clients, upstream answering "
+            f"at once, {args.rounds} x {args.seconds:g} s per target (load avg at the end "
+            f"{os.getloadavg()[0]:.1f})"
         )
-        await compare(
-            f"{kind}, closed loop at concurrency {closed_concurrency} for {args.seconds:g} s",
-            partial(run_load, upstream_port, direct, closed_concurrency, args.seconds, None),
-            partial(run_load, gateway_port, via, closed_concurrency, args.seconds, None),
-            streaming,
-            gateway_pid,
+        direct = max(m.sample.throughput for m in runs["direct"])
+        headline = max(m.sample.throughput for m in runs[HEADLINE])
+        print(
+            "| target | req/s | vs direct | vs billing on | p50 ms | p99 ms | CPU / request "
+            "| Redis CPU / request |"
         )
+        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        for target in targets:
+            measured = runs[target.name]
+            rates = [m.sample.throughput for m in measured]
+            top = max(rates)
+            if not streaming:
+                best[target.name] = top
+            spread = f"{min(rates):.0f}-{top:.0f}" if len(rates) > 1 else f"{top:.0f}"
+            p50 = "/".join(ms(percentile(m.sample.latency, 0.5)) for m in measured)
+            p99 = "/".join(ms(percentile(m.sample.latency, 0.99)) for m in measured)
+            cpu = "-" if not target.pids else "/".join(f"{m.cpu_us:.0f}" for m in measured) + " us"
+            redis = (
+                "/".join(f"{m.redis_us:.0f}" for m in measured) + " us"
+                if target.redis_pids
+                else "-"
+            )
+            print(
+                f"| {target.name} | {spread} | {top / direct:.2f}x | {top / headline:.2f}x "
+                f"| {p50} | {p99} | {cpu} | {redis} |"
+            )
+    return best
 
 
-async def vllm_ttft(
-    args: argparse.Namespace, key: str, gateway_port: int, gateway_pid: int
+async def added_latency(
+    args: argparse.Namespace, targets: list[Target], upstream_port: int, best: dict[str, float]
 ) -> None:
+    """Part 2."""
+    await set_upstream_delay(upstream_port, args.upstream_delay_ms)
+    fast_enough = [t for t in targets if best[t.name] >= args.rate]
+    for target in targets:
+        if target not in fast_enough:
+            print(
+                f"\n(part 2 leaves out {target.name}: {best[target.name]:.0f} req/s at most in "
+                f"part 1, under the rate)"
+            )
+    for streaming in (False, True):
+        body = {**CHAT_BODY, "stream": True} if streaming else CHAT_BODY
+        await warm(fast_enough, body)
+        kind = "streams" if streaming else "non-streaming"
+        print(
+            f"\n2. added latency, {kind}: paced at {args.rate:g} req/s for {args.seconds:g} s, "
+            f"upstream answering in {args.upstream_delay_ms:g} ms"
+            + (" (first event / whole stream)" if streaming else "")
+            + f" (load avg at the start {os.getloadavg()[0]:.1f})"
+        )
+        print(
+            "| target | p50 ms | p99 ms | added p50 / p99 ms | throughput ratio | CPU / request |"
+        )
+        print("| --- | --- | --- | --- | --- | --- |")
+        results = {
+            t.name: await measure(t, body, args.concurrency, args.seconds, args.rate)
+            for t in fast_enough
+        }
+        direct = results["direct"].sample
+        for target in fast_enough:
+            s = results[target.name].sample
+            p50, p99 = percentile(s.latency, 0.5), percentile(s.latency, 0.99)
+            shown = f"{ms(p50)} | {ms(p99)}"
+            if streaming:
+                first50, first99 = percentile(s.first_event, 0.5), percentile(s.first_event, 0.99)
+                shown = f"{ms(first50)} / {ms(p50)} | {ms(first99)} / {ms(p99)}"
+            added = (
+                "-"
+                if target.name == "direct"
+                else f"{ms(p50 - percentile(direct.latency, 0.5))} / "
+                f"{ms(p99 - percentile(direct.latency, 0.99))}"
+            )
+            cpu = f"{results[target.name].cpu_us:.0f} us" if target.pids else "-"
+            print(
+                f"| {target.name} | {shown} | {added} | "
+                f"{s.throughput / direct.throughput:.2f}x | {cpu} |"
+            )
+
+
+async def vllm_ttft(args: argparse.Namespace, gateway: Target) -> None:
     from urllib.parse import urlparse
 
-    vllm_port = urlparse(args.vllm_url).port or 80
+    vllm = Target("vLLM direct", urlparse(args.vllm_url).port or 80, None)
     body = {**CHAT_BODY, "stream": True, "max_tokens": 4}
-    direct = build_request(vllm_port, "/v1/chat/completions", body, None)
-    via = build_request(gateway_port, "/v1/chat/completions", body, key)
-    for request, port in ((direct, vllm_port), (via, gateway_port)):
-        await run_load(port, request, 1, 1.0, None)
-    await compare(
-        f"real vLLM ({args.vllm_url}), streams of 4 tokens, concurrency 2, "
-        f"{args.vllm_seconds:g} s each",
-        partial(run_load, vllm_port, direct, 2, args.vllm_seconds, None),
-        partial(run_load, gateway_port, via, 2, args.vllm_seconds, None),
-        True,
-        gateway_pid,
+    await warm([vllm, gateway], body)
+    print(
+        f"\nreal vLLM ({args.vllm_url}), streams of 4 tokens, concurrency 2, "
+        f"{args.vllm_seconds:g} s each (first token p50 / p99 ms, whole stream p50 / p99 ms)"
     )
+    for target in (vllm, gateway):
+        s = (await measure(target, body, 2, args.vllm_seconds, None)).sample
+        print(
+            f"  {target.name}: {ms(percentile(s.first_event, 0.5))} / "
+            f"{ms(percentile(s.first_event, 0.99))}, {ms(percentile(s.latency, 0.5))} / "
+            f"{ms(percentile(s.latency, 0.99))}, {s.throughput:.1f} req/s"
+        )
+
+
+# --- orchestration ------------------------------------------------------------------------
+
+HEADLINE = "gateway, billing on (production default)"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--rate", type=float, default=500.0)
-    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--seconds", type=float, default=10.0, help="per measurement")
+    parser.add_argument("--rounds", type=int, default=2, help="throughput rounds per target")
+    parser.add_argument("--clients", type=int, default=8, help="closed-loop clients (part 1)")
+    parser.add_argument("--rate", type=float, default=300.0, help="paced rate (part 2)")
     parser.add_argument("--concurrency", type=int, default=64, help="most in flight when paced")
     parser.add_argument(
-        "--upstream-delay-ms", type=float, default=20.0, help="the fast upstream's answer time"
+        "--upstream-delay-ms", type=float, default=20.0, help="the upstream's answer time, part 2"
     )
+    parser.add_argument("--litellm", default="", help="LiteLLM's `litellm` executable")
+    parser.add_argument("--ledger-url", default="", help="the ledger (default: SQLite, temp)")
     parser.add_argument("--vllm-url", default="", help="also measure TTFT overhead on a real vLLM")
     parser.add_argument("--vllm-seconds", type=float, default=15.0)
     parser.add_argument("--serve-upstream", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_upstream:
-        run_event_loop(serve_upstream(args.serve_upstream, args.upstream_delay_ms / 1000))
+        run_event_loop(serve_upstream(args.serve_upstream))
         return
+    litellm = shutil.which(args.litellm) if args.litellm else None
+    if args.litellm and litellm is None:
+        parser.error(f"--litellm {args.litellm}: no such executable")
 
     # Here, not at the top: the upstream process (above) imports nothing of the project.
     from serving.process import free_port
     from serving.valkey import start_valkey
 
+    work = Path(tempfile.mkdtemp(prefix="cstack-bench-"))
     valkey = start_valkey()
     processes: list[subprocess.Popen[bytes]] = []
     try:
-        upstream_port, gateway_port = free_port(), free_port()
-        delay = str(args.upstream_delay_ms)
+        redis_url = str(valkey.connection_url)
+        upstream_port = free_port()
         upstream = [sys.executable, __file__, "--serve-upstream", str(upstream_port)]
-        processes.append(start_process([*upstream, "--upstream-delay-ms", delay]))
-        wait_http(f"http://127.0.0.1:{upstream_port}/health")
-        env = {
-            "CSTACK_REDIS_URL": str(valkey.connection_url),
+        processes.append(start_process(upstream))
+        wait_http(f"http://127.0.0.1:{upstream_port}/health", processes[-1])
+        billed = {
+            "CSTACK_REDIS_URL": redis_url,
             "CSTACK_UPSTREAM_URL": f"http://127.0.0.1:{upstream_port}",
             "CSTACK_LOG_LEVEL": "warning",
-            # The relay's own overhead: no metering (billing's admission has its own
-            # benchmark, bench/metering.py) and so no per-key rate limits in the way.
-            "CSTACK_BILLING": "false",
             # The stand-in upstream is no engine with a batch size: holding it to the cpu
-            # profile's 8 slots would measure the queue, not the relay.
+            # profile's 8 slots would measure the queue, not the gateway.
             "CSTACK_ENGINE_ADMISSION": "false",
+            "CSTACK_PRICEBOOK_PATH": str(write_price_book(work)),
+            "CSTACK_LEDGER_URL": args.ledger_url or f"sqlite:///{work / 'ledger.db'}",
+            "CSTACK_USAGE_SPOOL_DIR": str(work / "spool"),
         }
-        processes.append(start_gateway(gateway_port, env))
-        key = make_key(str(valkey.connection_url))
+        configurations = [
+            (HEADLINE, billed, 1),
+            ("gateway, billing off", {**billed, "CSTACK_BILLING": "false"}, 1),
+            ("gateway, billing on, --workers 2", billed, 2),
+        ]
+        key = make_key(redis_url, "bench")
+        targets = [Target("direct", upstream_port, None)]
+        for name, env, workers in configurations:
+            port = free_port()
+            processes.append(start_gateway(port, env, workers, work / "gateway.log"))
+            redis_pids = [valkey._process.pid] if env is billed else []
+            targets.append(Target(name, port, key, [processes[-1].pid], redis_pids))
+        if litellm:
+            port = free_port()
+            processes.append(start_litellm(litellm, port, upstream_port, work))
+            targets.append(
+                Target("LiteLLM 1.100.0 proxy, 1 worker, no database", port, LITELLM_KEY,
+                       [processes[-1].pid])
+            )  # fmt: skip
+        else:
+            print("LiteLLM column skipped: no --litellm (see the module docstring to install it)")
         load = os.getloadavg()[0]
         print(f"gateway overhead benchmark: {os.cpu_count()} CPUs, load avg {load:.1f}")
-        run_event_loop(benchmark(args, key, upstream_port, gateway_port, processes[-1].pid))
+        best = run_until_done(throughput(args, targets, upstream_port))
+        run_event_loop(added_latency(args, targets, upstream_port, best))
         if args.vllm_url:
-            processes[-1].terminate()
-            processes[-1].wait()
-            processes.append(
-                start_gateway(gateway_port, {**env, "CSTACK_UPSTREAM_URL": args.vllm_url})
-            )
-            run_event_loop(vllm_ttft(args, key, gateway_port, processes[-1].pid))
+            port = free_port()
+            # A real engine: admission on, as production runs it.
+            env = {**billed, "CSTACK_UPSTREAM_URL": args.vllm_url, "CSTACK_ENGINE_ADMISSION": None}
+            processes.append(start_gateway(port, env, 1, work / "gateway.log"))
+            run_event_loop(vllm_ttft(args, Target(HEADLINE, port, key, [processes[-1].pid])))
+        print(f"\nload avg at the end {os.getloadavg()[0]:.1f}")
     finally:
         for process in processes:
             process.terminate()
-            process.wait(timeout=10)
+        for process in processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
         valkey.stop()
+        shutil.rmtree(work, ignore_errors=True)
 
 
-def start_gateway(port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """The real `cstack gateway` process, with billing and engine admission off (see the
-    module docstring)."""
-    from serving.process import free_port
+def run_until_done(main_coroutine: Awaitable[dict[str, float]]) -> dict[str, float]:
+    result: dict[str, float] = {}
 
-    command = [sys.executable, "-m", "deploy.cli", "gateway", "--port", str(port)]
-    process = start_process([*command, "--internal-port", str(free_port())], env)
-    wait_http(f"http://127.0.0.1:{port}/readyz")
-    return process
+    async def keep() -> None:
+        result.update(await main_coroutine)
+
+    run_event_loop(keep())
+    return result
 
 
 def run_event_loop(main_coroutine: Awaitable[None]) -> None:

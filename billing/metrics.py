@@ -1,7 +1,10 @@
 """Billing's Prometheus metrics (names fixed by the metrics contract; no org/key labels).
 
 Gateway-side metrics live in the default registry, which the gateway's /metrics serves;
-the worker and beat serve the same registry on ``CSTACK_METRICS_PORT``.
+the worker and beat serve the same registry on ``CSTACK_METRICS_PORT``. The gauges name a
+``multiprocess_mode`` for ``cstack gateway --workers N``, whose /metrics sums its workers'
+samples (gateway/metrics.py): each of these is a value every process sees alike (prices,
+the spool directory, the stream), so the largest of the running workers', not a sum.
 """
 
 from __future__ import annotations
@@ -18,20 +21,26 @@ admission_seconds = Histogram(
 )
 usage_events = Counter("cstack_usage_events_total", "Usage events emitted.", ["tier", "outcome"])
 usage_spool_events = Gauge(
-    "cstack_usage_spool_events", "Usage events waiting in this process's disk spool."
+    "cstack_usage_spool_events",
+    "Usage events waiting in this process's disk spool.",
+    multiprocess_mode="livemax",
 )
 price_nano_usd_per_token = Gauge(
     "cstack_price_nano_usd_per_token",
     "Current list price per token from the price book.",
     ["tier", "direction"],
+    multiprocess_mode="livemax",
 )
 
 usage_stream_lag = Gauge(
-    "cstack_usage_stream_lag_events", "Usage stream entries not yet in the ledger."
+    "cstack_usage_stream_lag_events",
+    "Usage stream entries not yet in the ledger.",
+    multiprocess_mode="livemax",
 )
 usage_dead_letters = Gauge(
     "cstack_usage_dead_letters",
     "Usage events set aside as unwritable; `cstack billing dead-letters` lists and replays them.",
+    multiprocess_mode="livemax",
 )
 ledger_rows = Counter("cstack_ledger_rows_total", "Usage rows written to the ledger.")
 stripe_invoice_items = Counter(
@@ -47,5 +56,7 @@ stripe_sync_failures = Counter(
     "cstack_stripe_sync_failures_total", "Stripe sync runs that hit an error."
 )
 stripe_last_success = Gauge(
-    "cstack_stripe_last_success_timestamp_seconds", "When a Stripe sync last succeeded."
+    "cstack_stripe_last_success_timestamp_seconds",
+    "When a Stripe sync last succeeded.",
+    multiprocess_mode="livemax",
 )

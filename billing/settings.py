@@ -36,13 +36,14 @@ class BillingSettings(BaseSettings):
     reservation_ttl_s: int = Field(default=900, ge=1)
     #: What admission does while Redis is unreachable (refused or dropped connections, or a
     #: connect timeout): ``fail_closed`` refuses every request with a 503; ``local_allowance``
-    #: lets each gateway process admit up to the two budgets below per outage (an outage
+    #: lets each gateway admit up to the two budgets below per outage (an outage
     #: ends when Redis answers again), then refuses with a 503. Usage admitted meanwhile
     #: reaches the ledger through the disk spool either way. A Redis that accepted a command
     #: and then timed out always fails closed: the script may have run.
     admission_when_redis_down: Literal["fail_closed", "local_allowance"] = "local_allowance"
-    #: Per process and outage: worst-case cost of the requests in flight plus the actual
-    #: cost of those finished ($2 by default), and the number of requests admitted.
+    #: Per gateway and outage: worst-case cost of the requests in flight plus the actual
+    #: cost of those finished ($2 by default), and the number of requests admitted. A
+    #: `cstack gateway --workers N` gives each worker process 1/N (gateway/workers.py).
     redis_down_allowance_nano_usd: int = Field(default=2_000_000_000, ge=0)
     redis_down_allowance_requests: int = Field(default=500, ge=0)
     #: Connect/read timeout of Redis calls.

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date
 
 from fastapi import FastAPI, Request
@@ -25,7 +25,7 @@ from billing.meter import Meter
 from billing.reporting import UsageReader, UsageUnavailable
 from gateway.admin import build_admin_router
 from gateway.auth import Authenticator
-from gateway.capacity import slot_policies
+from gateway.capacity import SlotPolicy, share, slot_policies
 from gateway.errors import (
     GatewayError,
     bad_request,
@@ -53,8 +53,11 @@ MODELS_CREATED = 1_767_225_600  # 2026-01-01, the family's launch date
 READ_METHODS = ["GET", "HEAD"]
 
 
-def create_app(settings: GatewaySettings, meter: Meter, usage: UsageReader) -> FastAPI:
-    parts = _build_parts(settings, meter)
+def create_app(
+    settings: GatewaySettings, meter: Meter, usage: UsageReader, *, worker: int = 0
+) -> FastAPI:
+    """``worker``: this process's index among ``settings.gateway_workers`` (gateway/workers.py)."""
+    parts = _build_parts(settings, meter, worker)
     app = FastAPI(
         title="composer-stack gateway",
         lifespan=_lifespan(parts, meter, usage),
@@ -93,7 +96,7 @@ class _Parts:
     generation: GenerationHandler
 
 
-def _build_parts(settings: GatewaySettings, meter: Meter) -> _Parts:
+def _build_parts(settings: GatewaySettings, meter: Meter, worker: int) -> _Parts:
     metrics = GatewayMetrics()
     redis = Redis.from_url(settings.redis_url)
     store = KeyStore(redis, settings.default_plan)
@@ -109,7 +112,11 @@ def _build_parts(settings: GatewaySettings, meter: Meter) -> _Parts:
     upstreams = Upstreams(
         urls_by_tier,
         metrics,
-        slot_policies=slot_policies(urls_by_tier, book, detect_profile(serving.serving_profile))
+        slot_policies=worker_slot_policies(
+            slot_policies(urls_by_tier, book, detect_profile(serving.serving_profile)),
+            worker,
+            settings.gateway_workers,
+        )
         if settings.engine_admission
         else None,
         max_queue_wait_s={tier: book.admission.max_queue_wait_s[tier] for tier in TIERS},
@@ -129,6 +136,19 @@ def _build_parts(settings: GatewaySettings, meter: Meter) -> _Parts:
         Relay(upstreams.pools, meter, metrics),
     )
     return _Parts(metrics, redis, store, auth, upstreams, generation)
+
+
+def worker_slot_policies(
+    policies: dict[str, SlotPolicy], worker: int, workers: int
+) -> dict[str, SlotPolicy]:
+    """Each engine's slots as one of ``workers`` gateway processes holds them: every process
+    keeps its own count, so each gets its share of the batch size (the shares add up to it),
+    at least one slot (an engine smaller than the worker count is then over-admitted by
+    up to a slot per worker, rather than unreachable from some)."""
+    return {
+        url: replace(policy, size=max(1, share(policy.size, worker, workers)))
+        for url, policy in policies.items()
+    }
 
 
 def _lifespan(

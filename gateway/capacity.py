@@ -152,6 +152,12 @@ class EngineSlots:
                 return
 
 
+def share(total: int, worker: int, workers: int) -> int:
+    """Worker ``worker``'s part of ``total`` split as evenly as whole units go (the first
+    ``total % workers`` workers get one more); the parts add up to ``total``."""
+    return total // workers + (1 if worker < total % workers else 0)
+
+
 def slot_policies(
     urls_by_tier: Mapping[Tier, list[str]], book: VariantBook, profile: str
 ) -> dict[str, SlotPolicy]:

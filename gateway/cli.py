@@ -48,16 +48,21 @@ def gateway(
     ] = None,
     redis_url: Annotated[str | None, typer.Option(help="Redis URL (env CSTACK_REDIS_URL).")] = None,
     log_level: Annotated[str | None, typer.Option(help="Log level (env CSTACK_LOG_LEVEL).")] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            help="Processes serving the gateway, one core each (env CSTACK_GATEWAY_WORKERS; "
+            "default 1)."
+        ),
+    ] = None,
 ) -> None:
     """Run the OpenAI-compatible gateway in front of the vLLM pools."""
-    import gc
+    import os
 
-    import billing
-    from billing.meter import Meter, UnmeteredMeter
-    from billing.reporting import UnmeteredUsageReader, UsageReader
-    from gateway.app import create_app
-    from gateway.server import serve
+    from gateway.workers import ListenError, build_app, freeze_and_serve, supervise
 
+    if workers is not None and workers < 1:
+        _fail(f"--workers must be at least 1 (got {workers})")
     overrides = {
         "host": host,
         "port": port,
@@ -67,24 +72,21 @@ def gateway(
         "standard_upstream_urls": standard_upstream_urls,
         "redis_url": redis_url,
         "log_level": log_level,
+        "gateway_workers": workers,
     }
-    settings = _settings(**{k: v for k, v in overrides.items() if v is not None})
-    meter: Meter = UnmeteredMeter()
-    usage: UsageReader = UnmeteredUsageReader()
-    if settings.billing:
-        meter = billing.create_meter(redis_url=settings.redis_url)
-        usage = billing.create_usage_reader()
-    app = create_app(settings, meter, usage)
-    if settings.billing:
-        from billing.http import router as stripe_webhook
-
-        app.include_router(stripe_webhook)
-    # Everything allocated so far (modules, the app) lives as long as the process. Left
-    # in the collector's care, every full collection walks it: 40-60 ms pauses measured
-    # under load, which were the gateway's p99. Frozen, collections see request garbage only.
-    gc.collect()
-    gc.freeze()
-    serve(app, settings)
+    given = {k: v for k, v in overrides.items() if v is not None}
+    settings = _settings(**given)
+    if settings.gateway_workers == 1:
+        freeze_and_serve(build_app(settings), settings)
+        return
+    # The workers read their settings as this process did: the environment, plus this
+    # command line's values in the variables they override.
+    env = {**os.environ, **{f"CSTACK_{name.upper()}": str(v) for name, v in given.items()}}
+    try:
+        code = supervise(settings, env)
+    except ListenError as exc:
+        _fail(str(exc))
+    raise typer.Exit(code)
 
 
 @keys_app.command("create")

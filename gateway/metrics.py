@@ -3,9 +3,17 @@
 Each app gets its own registry so several gateways can live in one process (tests, the
 benchmark); ``/metrics`` renders it together with the process-wide default registry, where
 the billing meter registers its own ``cstack_`` metrics.
+
+Under ``cstack gateway --workers N`` (gateway/workers.py) every worker writes its samples to
+the directory in PROMETHEUS_MULTIPROC_DIR and ``/metrics``, whichever worker answers it,
+renders all workers' samples from there: counters and histograms summed, each gauge as its
+``multiprocess_mode`` says (``live*``: only running workers count). The per-process
+``process_*``/``python_*`` collectors are left out then: no sum of them means anything.
 """
 
 from __future__ import annotations
+
+import os
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
@@ -45,10 +53,19 @@ class GatewayMetrics:
             "cstack_upstream_retries", "Requests retried on another replica.", ["tier"], registry=r
         )
         self.inflight = Gauge(
-            "cstack_inflight_requests", "Requests being served.", ["tier"], registry=r
+            "cstack_inflight_requests",
+            "Requests being served.",
+            ["tier"],
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.upstream_healthy = Gauge(
-            "cstack_upstream_healthy", "Healthy replicas in the pool.", ["tier"], registry=r
+            "cstack_upstream_healthy",
+            "Healthy replicas in the pool.",
+            ["tier"],
+            registry=r,
+            # Each worker checks health itself: healthy as every worker sees it.
+            multiprocess_mode="livemin",
         )
         self.tier_overflows = Counter(
             "cstack_tier_overflows",
@@ -56,10 +73,21 @@ class GatewayMetrics:
             registry=r,
         )
         self.upstream_replicas = Gauge(
-            "cstack_upstream_replicas", "Configured replicas in the pool.", ["tier"], registry=r
+            "cstack_upstream_replicas",
+            "Configured replicas in the pool.",
+            ["tier"],
+            registry=r,
+            multiprocess_mode="livemax",
         )
 
         self._request_children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
+        #: Every worker's samples (the module docstring), when this process is one of several.
+        self._workers_registry: CollectorRegistry | None = None
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            from prometheus_client import multiprocess
+
+            self._workers_registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(self._workers_registry)
 
     def count_request(self, tier: str, route: str, status: int, seconds: float) -> None:
         """One finished request; label children are cached (``labels()`` is not free)."""
@@ -75,4 +103,6 @@ class GatewayMetrics:
         children[1].observe(seconds)
 
     def render(self) -> bytes:
+        if self._workers_registry is not None:
+            return generate_latest(self._workers_registry)
         return generate_latest(self.registry) + generate_latest(REGISTRY)

@@ -97,6 +97,11 @@ class GatewaySettings(BaseSettings):
     default_plan: str = "default"
 
     log_level: str = "info"
+    #: Processes serving this gateway (CSTACK_GATEWAY_WORKERS, `--workers`): one event loop
+    #: uses one core at most, so N workers use N (gateway/workers.py). Default 1: the CPU
+    #: count a process sees ignores its container's CPU limit, so the chart sets it from
+    #: the pod's CPU instead.
+    gateway_workers: int = Field(default=1, ge=1, le=256)
     #: On SIGTERM, requests in flight get this long to finish; then they are cancelled
     #: (each still settles its usage) and the process exits. Below Kubernetes' default
     #: 30 s termination grace, so the pod is never SIGKILLed with usage unsettled.

@@ -178,6 +178,31 @@ def test_gateway_request_duration_and_redis_outage_admission_reach_its_settings(
         ) == expected
 
 
+def test_gateway_runs_a_worker_per_core_of_its_pod(render: Render) -> None:
+    """CSTACK_GATEWAY_WORKERS: the container's CPU limit in whole cores (downward API,
+    rounded up), else its request, else 1; or gateway.workers as given."""
+
+    def workers_env(gateway_values: dict[str, Any]) -> dict[str, Any]:
+        manifests = render({**SECRET_REFERENCE, "gateway": gateway_values})
+        return env_of(containers(find(manifests, "Deployment", "-gateway"))[0])[
+            "CSTACK_GATEWAY_WORKERS"
+        ]
+
+    def from_pod(resource: str) -> dict[str, Any]:
+        field = {"containerName": "gateway", "resource": resource, "divisor": "1"}
+        return {"name": "CSTACK_GATEWAY_WORKERS", "valueFrom": {"resourceFieldRef": field}}
+
+    assert workers_env({}) == from_pod("limits.cpu")  # the default resources have a limit
+    # Helm merges values over the defaults; null removes a default.
+    only_request = {"requests": {"cpu": "1500m"}, "limits": {"cpu": None}}
+    assert workers_env({"resources": only_request}) == from_pod("requests.cpu")
+    no_cpu = {"requests": {"cpu": None}, "limits": {"cpu": None}}
+    assert workers_env({"resources": no_cpu})["value"] == "1"
+    given = workers_env({"workers": 3})
+    assert given == {"name": "CSTACK_GATEWAY_WORKERS", "value": "3"}
+    assert GatewaySettings(gateway_workers=given["value"]).gateway_workers == 3
+
+
 @pytest.mark.parametrize(
     ("kind", "workload", "settings"),
     [

@@ -2,11 +2,11 @@
 expression of the dashboards and alert rules then evaluates and returns data.
 
 The stack: the session's vLLM (both tiers share it, as in the embedded default), a gateway
-with the real billing meter, `cstack worker billing` and `cstack beat` draining the usage
-stream into a SQLite ledger and posting it to a local stand-in for Stripe's invoice-item
-endpoint, `cstack train` stepping on the tiny checkpoint, and Debian's `prometheus`
-scraping all four every second with the alert rules loaded. Traffic goes through the
-`openai` SDK, including requests the meter refuses.
+with the real billing meter and two worker processes, `cstack worker billing` and `cstack
+beat` draining the usage stream into a SQLite ledger and posting it to a local stand-in for
+Stripe's invoice-item endpoint, `cstack train` stepping on the tiny checkpoint, and
+Debian's `prometheus` scraping all four every second with the alert rules loaded. Traffic
+goes through the `openai` SDK, including requests the meter refuses.
 
 Exempt from "returns data" (they must still evaluate without error), because no process
 here exports them:
@@ -122,9 +122,11 @@ def observed(
     gateway_url = f"http://127.0.0.1:{free_port()}"
     internal_url = f"http://127.0.0.1:{free_port()}"  # /metrics
     dead_replica = f"http://127.0.0.1:{free_port()}"
+    # Two workers, as the chart runs it on a pod of two cores: every expression must hold
+    # over the workers' combined metrics (prometheus_client's multiprocess mode).
     gateway = ManagedProcess(
         "gateway",
-        [*cstack, "gateway", "--log-level", "warning"],
+        [*cstack, "gateway", "--log-level", "warning", "--workers", "2"],
         tmp / "gateway.log",
         f"{gateway_url}/healthz",
         {
