@@ -31,6 +31,7 @@ import redis
 from billing_support import port_open, wait_for
 from gateway_processes import gateway_processes
 from redis.asyncio import Redis
+from usage_upstream import SLOW_SEED
 
 from billing.pricing import load_pricebook, worst_case_charge
 from billing.redis_meter import budget_prefix
@@ -122,9 +123,9 @@ SHORT = [
     ("/v1/chat/completions", chat("go on", max_tokens=96, stream=True, stream_options=USAGE),
      "stream"),
 ]  # fmt: skip
-LONG = ("/v1/chat/completions", chat("a long story", max_tokens=40, user="slow", stream=True,
+LONG = ("/v1/chat/completions", chat("a long story", max_tokens=40, seed=SLOW_SEED, stream=True,
                                      stream_options=USAGE), "long")  # fmt: skip
-HANGUP = ("/v1/completions", completion(["a", "b"], n=2, max_tokens=30, user="slow",
+HANGUP = ("/v1/completions", completion(["a", "b"], n=2, max_tokens=30, seed=SLOW_SEED,
                                         stream=True), "hangup")  # fmt: skip
 
 

@@ -11,8 +11,9 @@ Every prompt of a text completion runs ``n`` sequences (choice ``i`` answers pro
 ``i // n``). Prompts count one token per two bytes of text (plus four per chat message),
 and each sequence produces between half its ``max_tokens`` and all of them.
 
-The request's ``user`` field sets pacing: ``slow`` streams every token of every sequence
-(``max_tokens`` of them), a quarter of a second apart.
+A request with ``seed`` ``SLOW_SEED`` is paced: it streams every token of every sequence
+(``max_tokens`` of them), a quarter of a second apart. (A field the gateway passes on:
+``user``, which it does not, once carried this.)
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+#: The ``seed`` of a request to pace (see the module docstring).
+SLOW_SEED = 424242
 SLOW_STEP_S = 0.25
 MAX_MODEL_LEN = 4096
 
@@ -58,7 +61,7 @@ def usage(prompt: int, completion: int) -> dict[str, int]:
 
 async def events(path: str, body: dict[str, Any], rng: random.Random) -> AsyncIterator[bytes]:
     chat = path.endswith("/chat/completions")
-    n, max_tokens, slow = body.get("n") or 1, int(body["max_tokens"]), body.get("user") == "slow"
+    n, max_tokens, slow = body.get("n") or 1, int(body["max_tokens"]), body.get("seed") == SLOW_SEED
     prompts = prompt_tokens(path, body)
     lengths = [max_tokens if slow else rng.randint(max(1, max_tokens // 2), max_tokens)
                for _ in range(len(prompts) * n)]  # fmt: skip

@@ -29,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.app import worker_slot_policies
 from gateway.capacity import SlotPolicy, share
 from serving.process import free_port
+from tests.billing.usage_upstream import SLOW_SEED
 from tests.conftest import cstack_command
 
 STAND_IN = Path(__file__).parents[1] / "billing" / "usage_upstream.py"
@@ -170,7 +171,7 @@ def test_sigterm_lets_every_workers_streams_finish_then_stops_them_all(
     assert metrics_dir.is_dir()
     key = create_key(redis_url, "workers")[0]
     # Slow streams: 6 tokens a quarter of a second apart, on connections both workers serve.
-    slow = {**CHAT, "max_tokens": 6, "stream": True, "user": "slow"}
+    slow = {**CHAT, "max_tokens": 6, "stream": True, "seed": SLOW_SEED}
     with connections(gateway.url, key, 8) as clients:
         for client in clients:
             client.get("/v1/models").raise_for_status()  # open the connection
