@@ -188,7 +188,8 @@ class ChatAssembler(Assembler):
         }
         if calls:  # vLLM leaves an empty list out
             message["tool_calls"] = calls
-        message["reasoning"] = state["reasoning"]
+        # Named as the stream names it (sse.rename_reasoning).
+        message["reasoning_content"] = state["reasoning"]
         return {
             "index": state["index"],
             "message": message,

@@ -20,6 +20,14 @@ on it); ``settle`` then bills vLLM's exact count and releases the rest.
   ``TOOLS_TEMPLATE_TOKENS``.
 - Output tokens: every sequence the request runs (each prompt of a text completion times
   ``n``) may produce ``max_tokens``, capped by the tier and by the engine's context length.
+  Reasoning tokens are output tokens inside ``max_tokens``: thinking adds nothing to it.
+
+``reasoning_effort`` and ``verbosity`` reach the model through its chat template
+(``chat_template_kwargs``: ``thinking``, always sent because Kimi K2.5's template thinks
+unless told not to, and ``verbosity``); an effort that thinks also sends vLLM its
+``thinking_token_budget`` from the route (serving/variants.yaml's ``reasoning``), which
+the engine enforces by forcing ``</think>``. The template kwargs add at most a few tokens,
+fewer than the bytes of the fields that asked for them, so the prompt bound still holds.
 """
 
 from __future__ import annotations
@@ -65,6 +73,9 @@ UPSTREAM_STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True
 #: Tokens allowed for what a chat template adds once when a request declares tools (the
 #: tiny checkpoint's Hermes-style preamble is about 110; 512 leaves room for longer ones).
 TOOLS_TEMPLATE_TOKENS = 512
+#: A chat request without ``reasoning_effort`` does not think, as GPT-5.1 defaults to
+#: ``none``: clients written before reasoning keep their answers, latency and bills.
+DEFAULT_REASONING_EFFORT = "none"
 
 
 @dataclass(frozen=True)
@@ -232,6 +243,7 @@ class GenerationHandler:
             body.pop("max_completion_tokens", None)
             if parsed.tools:
                 prompt_tokens += TOOLS_TEMPLATE_TOKENS
+            apply_reasoning(body, parsed, route)
         else:
             assert isinstance(parsed, CompletionRequest)
             requested, param = parsed.max_tokens, "max_tokens"
@@ -271,12 +283,26 @@ class GenerationHandler:
         )
 
 
+def apply_reasoning(body: dict[str, Any], parsed: ChatCompletionRequest, route: TierRoute) -> None:
+    """``reasoning_effort`` and ``verbosity`` as vLLM takes them (see the module docstring)."""
+    budget = route.thinking_budgets.get(parsed.reasoning_effort or DEFAULT_REASONING_EFFORT)
+    kwargs: dict[str, Any] = {"thinking": budget is not None}
+    if parsed.verbosity is not None:
+        kwargs["verbosity"] = parsed.verbosity
+    body["chat_template_kwargs"] = kwargs
+    if budget is not None:
+        body["thinking_token_budget"] = budget
+
+
 def prefix_key(parsed: SamplingParams, session: str | None) -> PrefixKey:
     """The request's prompt prefix and session, for prefix-aware routing."""
     session = session or parsed.user
     if isinstance(parsed, ChatCompletionRequest):
-        tools = pydantic_core.to_json(parsed.tools) if parsed.tools else b""
-        return chat_key([message_block(m) for m in parsed.messages], tools, session)
+        # The template renders the tools and the verbosity line before the messages.
+        seed = pydantic_core.to_json(parsed.tools) if parsed.tools else b""
+        if parsed.verbosity is not None:
+            seed += parsed.verbosity.encode()
+        return chat_key([message_block(m) for m in parsed.messages], seed, session)
     assert isinstance(parsed, CompletionRequest)
     prompt = parsed.prompt
     if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):

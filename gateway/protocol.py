@@ -7,9 +7,11 @@ every parameter of the installed openai SDK has one):
 
 - PASSED: modelled, validated and sent to vLLM (``service_tier`` is the exception: the
   gateway reads it to pick the tier, and vLLM gets that tier's priority instead).
+- APPLIED (``applied(...)``): validated and turned by the gateway into what vLLM needs
+  (``reasoning_effort`` and ``verbosity`` become chat template kwargs and a thinking
+  budget, ``GenerationHandler.shape``); never sent to vLLM as written.
 - IGNORED (``ignored(...)``): accepted and validated, never sent to vLLM. OpenAI platform
-  features with no effect on an answer's content (storage, caching hints, end-user ids),
-  and ``reasoning_effort``/``verbosity``, which are checked but not yet applied.
+  features with no effect on an answer's content (storage, caching hints, end-user ids).
 - REFUSED (``refused(...)``): a 400 ``unsupported_parameter`` naming the field when its
   value asks for something this API cannot do (audio, web search, predicted outputs...).
   A value that asks for nothing (null, ``best_of: 1``, ``modalities: ["text"]``) is
@@ -60,6 +62,7 @@ class Policy(StrEnum):
     """What the gateway does with a top-level request field (see the module docstring)."""
 
     PASSED = "passed"
+    APPLIED = "applied"
     IGNORED = "ignored"
     REFUSED = "refused"
 
@@ -75,6 +78,16 @@ def ignored(note: str) -> Any:
         exclude=True,
         description=note,
         json_schema_extra={_POLICY_KEY: Policy.IGNORED.value},
+    )
+
+
+def applied(note: str) -> Any:
+    """An APPLIED field: validated by its type, translated for vLLM by the gateway."""
+    return Field(
+        default=None,
+        exclude=True,
+        description=note,
+        json_schema_extra={_POLICY_KEY: Policy.APPLIED.value},
     )
 
 
@@ -233,9 +246,14 @@ class ChatCompletionRequest(SamplingParams):
         "vLLM's prefix cache keeps what fits in memory"
     )
     prompt_cache_options: PromptCacheOptions | None = ignored("vLLM's prefix cache needs no hint")
-    # Checked now so that clients learn of a bad value before the values take effect.
-    reasoning_effort: ReasoningEffort | None = ignored("validated, not yet applied")
-    verbosity: Literal["low", "medium", "high"] | None = ignored("validated, not yet applied")
+
+    # APPLIED (GenerationHandler.shape): chat template kwargs and vLLM's thinking budget.
+    reasoning_effort: ReasoningEffort | None = applied(
+        "thinks up to the variants file's budget for the effort; absent is none"
+    )
+    verbosity: Literal["low", "medium", "high"] | None = applied(
+        "a system line in the chat template: terse (low) or detailed (high) answers"
+    )
 
     # REFUSED
     modalities: list[Literal["text"]] | None = refused(

@@ -73,8 +73,9 @@ def _chain(blocks: Iterable[bytes], session: str | None, seed: bytes = b"") -> P
 def chat_key(
     messages: Sequence[bytes], tools: bytes = b"", session: str | None = None
 ) -> PrefixKey:
-    """``messages``: each message serialised (any stable serialisation); ``tools``: the
-    tools serialised, which chat templates render before the messages."""
+    """``messages``: each message serialised (any stable serialisation); ``tools``: what
+    the chat template renders before the messages (the tools serialised, and any other
+    setting rendered there)."""
     seed = hashlib.blake2b(tools, digest_size=8).digest() if tools else b""
     return _chain(messages, session, seed)
 

@@ -8,7 +8,8 @@ asked for ``include_usage`` (OpenAI's behaviour), and no usage at all otherwise.
 Each chunk leaves in OpenAI's published schema (``tests/gateway/openai_response_schema.json``):
 ``model`` and ``service_tier`` are ours, and the two places where vLLM's chunks break the
 schema are mended in place, touching only keys that are there: usage detail objects that
-are null, and a chat choice's logprobs without ``refusal``. (vLLM's rare in-stream error
+are null, and a chat choice's logprobs without ``refusal``. A chat delta's ``reasoning``
+is renamed ``reasoning_content``, this API's name for it. (vLLM's rare in-stream error
 is rewritten whole: its ``code`` is a number.)
 """
 
@@ -38,6 +39,15 @@ def fill_logprobs_refusal(choices: list[Any]) -> None:
         logprobs = choice.get("logprobs") if isinstance(choice, dict) else None
         if logprobs and "content" in logprobs and "refusal" not in logprobs:
             logprobs["refusal"] = None
+
+
+def rename_reasoning(choices: list[Any]) -> None:
+    """vLLM streams a chat delta's reasoning as ``reasoning``; this API's field is
+    ``reasoning_content`` (DeepSeek's and Kimi's APIs, which OpenAI SDK users read)."""
+    for choice in choices:
+        delta = choice.get("delta") if isinstance(choice, dict) else None
+        if isinstance(delta, dict) and "reasoning" in delta:
+            delta["reasoning_content"] = delta.pop("reasoning")
 
 
 def _count(value: object) -> int:
@@ -168,6 +178,7 @@ class StreamRewriter:
                 data.pop("usage", None)
         if choices and isinstance(choices, list):
             fill_logprobs_refusal(choices)
+            rename_reasoning(choices)
         data["model"] = self.public_model
         data["service_tier"] = self.service_tier
         return b"data: " + pydantic_core.to_json(data) + b"\n\n"

@@ -2,12 +2,14 @@
 
 Which tier a request gets is ``serving.tiers``'s rule; here the tier decides the upstream
 pool, the output cap and, when both tiers share one engine, vLLM's scheduling
-``priority`` (from serving's ``shared`` variant).
+``priority`` (from serving's ``shared`` variant). Every route also carries the variants
+file's thinking budget per ``reasoning_effort``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from gateway.errors import GatewayError, bad_request
 from gateway.settings import GatewaySettings
@@ -32,11 +34,18 @@ class TierRoute:
     #: vLLM request priority (lower runs first); None when each tier has its own engine.
     priority: int | None
     max_tokens: int
+    #: ``reasoning_effort`` -> vLLM's ``thinking_token_budget``; an effort not here does
+    #: not think (serving/variants.yaml's ``reasoning``). Not hashed: a dict cannot be.
+    thinking_budgets: Mapping[str, int] = field(default_factory=dict, hash=False)
 
 
 class TierRouter:
     def __init__(
-        self, served_model: str, priorities: dict[str, int] | None, max_tokens: dict[str, int]
+        self,
+        served_model: str,
+        priorities: dict[str, int] | None,
+        max_tokens: dict[str, int],
+        thinking_budgets: Mapping[str, int] | None = None,
     ) -> None:
         self._routes = {
             (model, tier): TierRoute(
@@ -45,6 +54,7 @@ class TierRouter:
                 served_model=served_model,
                 priority=None if priorities is None else priorities.get(tier, 0),
                 max_tokens=max_tokens[tier],
+                thinking_budgets=dict(thinking_budgets or {}),
             )
             for model in PUBLIC_MODELS
             for tier in TIERS
@@ -66,6 +76,7 @@ class TierRouter:
             served_model=settings.served_model_name or book.served_model_name,
             priorities=priorities,
             max_tokens={tier: settings.max_tokens_for(tier) for tier in TIERS},
+            thinking_budgets=book.thinking_budgets,
         )
 
     def route(self, model: str, tier: Tier) -> TierRoute:

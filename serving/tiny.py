@@ -25,9 +25,21 @@ from typing import Any
 SPECIAL_TOKENS = ["<|end_of_text|>", "<|begin_of_text|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
 BOS, EOS, PAD = "<|begin_of_text|>", "<|im_end|>", "<|pad|>"
 TOKENIZER_VOCAB = 1024
+#: Kimi K2.5's thinking markers. Added after training (the two last ids) so that every
+#: trained id stays what it was, and not special: they stay in the decoded text, where
+#: vLLM's reasoning parser splits on them, and vLLM's thinking budget forces ``</think>``.
+THINK_START, THINK_END = "<think>", "</think>"
 
 # Hermes-style tool calls, so vLLM's `hermes` tool parser understands the model's output.
+# Thinking as Kimi K2.5 does it: the ``thinking`` kwarg opens ``<think>`` in the generation
+# prompt, and earlier assistant turns' reasoning is not rendered. Unlike K2.5, thinking is off
+# unless asked for and renders nothing when off (K2.5 renders an empty ``<think></think>``),
+# so prompts without thinking are the tokens they always were (RL rollouts and direct vLLM
+# callers compare token ids). ``verbosity`` (low/high) adds a system line; medium adds nothing.
 CHAT_TEMPLATE = (
+    "{% if verbosity == 'low' %}<|im_start|>system\nAnswer tersely.<|im_end|>\n"
+    "{% elif verbosity == 'high' %}<|im_start|>system\nAnswer in detail.<|im_end|>\n"
+    "{% endif %}"
     "{% if tools %}<|im_start|>system\nYou can call these tools. Answer with "
     '<tool_call>{"name": ..., "arguments": {...}}</tool_call>.\n<tools>\n'
     "{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}</tools><|im_end|>\n{% endif %}"
@@ -43,7 +55,8 @@ CHAT_TEMPLATE = (
     "{% endfor %}{% endif %}"
     "<|im_end|>\n"
     "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if thinking is defined and thinking %}<think>{% endif %}{% endif %}"
 )
 
 # A fixed corpus: the tokenizer depends on it alone, never on the seed or the machine.
@@ -72,7 +85,7 @@ def _corpus() -> list[str]:
 
 
 def train_tokenizer() -> Any:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -84,6 +97,9 @@ def train_tokenizer() -> Any:
         show_progress=False,
     )
     tokenizer.train_from_iterator(_corpus(), trainer=trainer)
+    tokenizer.add_tokens(
+        [AddedToken(marker, special=False, normalized=False) for marker in (THINK_START, THINK_END)]
+    )
     return tokenizer
 
 

@@ -50,6 +50,10 @@ class Admission:
     )
 
 
+#: OpenAI's ``reasoning_effort`` values (gateway/protocol.py's ``ReasoningEffort``).
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+
+
 @dataclass(frozen=True)
 class VariantBook:
     served_model_name: str
@@ -57,6 +61,9 @@ class VariantBook:
     profiles: dict[str, dict[str, Any]]
     weight_sync: WeightSync = field(default_factory=WeightSync)
     admission: Admission = field(default_factory=Admission)
+    #: Thinking-token budget per ``reasoning_effort`` (the file's ``reasoning`` section);
+    #: an effort without one does not think.
+    thinking_budgets: dict[str, int] = field(default_factory=dict)
 
     def max_num_seqs(self, variant: str, profile: str) -> int | None:
         """The batch size an engine of ``variant`` runs with (None: vLLM's default)."""
@@ -127,6 +134,7 @@ def load_variants(path: Path) -> VariantBook:
     sync = raw.get("weight_sync") or {}
     return VariantBook(
         admission=_admission(raw.get("admission") or {}, path),
+        thinking_budgets=_thinking_budgets(raw.get("reasoning") or {}, path),
         served_model_name=str(raw.get("served_model_name", "composer-2.5")),
         variants=variants,
         profiles={k: dict(v or {}) for k, v in (raw.get("profiles") or {}).items()},
@@ -135,6 +143,18 @@ def load_variants(path: Path) -> VariantBook:
             engine_args=dict(sync.get("engine_args") or {}),
         ),
     )
+
+
+def _thinking_budgets(raw: dict[str, Any], path: Path) -> dict[str, int]:
+    budgets = dict(raw.get("thinking_budgets") or {})
+    unknown = set(budgets) - set(REASONING_EFFORTS)
+    if unknown:
+        raise VariantError(f"{path}: reasoning.thinking_budgets: unknown effort {sorted(unknown)}")
+    if "none" in budgets:
+        raise VariantError(f"{path}: reasoning.thinking_budgets: effort none never thinks")
+    if any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in budgets.values()):
+        raise VariantError(f"{path}: reasoning.thinking_budgets must be positive token counts")
+    return budgets
 
 
 def _admission(raw: dict[str, Any], path: Path) -> Admission:

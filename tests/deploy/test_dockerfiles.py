@@ -55,11 +55,12 @@ def test_vllm_image_starts_the_server_the_chart_and_serving_start() -> None:
     assert re.fullmatch(r'\["python3", "-m", "vllm\.entrypoints\.openai\.api_server"\]', entrypoint)
 
 
-def test_vllm_image_ships_the_weight_sync_extension_and_nothing_it_needs_besides(
+def test_vllm_image_ships_its_plugins_and_nothing_they_need_besides(
     tmp_path: Path,
 ) -> None:
     """The files the vLLM image copies import on their own (lazy package exports), and
-    they hold the extension class the variants file's weight_sync section names."""
+    they hold the extension class the variants file's weight_sync section names and the
+    reasoning parser plugin its cpu profile names."""
     from serving.variants import load_variants
 
     copies = [arg.split() for op, arg in instructions("vllm") if op == "COPY"]
@@ -81,3 +82,16 @@ def test_vllm_image_ships_the_weight_sync_extension_and_nothing_it_needs_besides
     )
     assert result.returncode == 0, result.stderr
     assert name in result.stdout
+    # The cpu profile's reasoning parser plugin imports from the copies alone too.
+    plugin = load_variants(REPO / "serving" / "variants.yaml").engine_args("shared", "cpu")[
+        "reasoning-parser-plugin"
+    ]
+    probe = f"import importlib; print(importlib.import_module({plugin!r}).NAME)"
+    result = subprocess.run(
+        [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(tmp_path)!r}); {probe}"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "composer_tiny"

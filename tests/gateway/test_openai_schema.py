@@ -42,6 +42,9 @@ CHAT_CASES: dict[str, dict[str, Any]] = {
     # A named tool choice makes vLLM call it (guided decoding), even with the tiny model.
     "tools": {**CHAT, "max_tokens": 48, "tools": [WEATHER_TOOL],
               "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+    # Reasoning (reasoning_content, usage's reasoning_tokens) next to the answer.
+    "reasoning": {**CHAT, "max_tokens": 80, "seed": 1, "temperature": 1.0,
+                  "reasoning_effort": "minimal", "verbosity": "low"},
 }  # fmt: skip
 COMPLETION_CASES: dict[str, dict[str, Any]] = {
     "plain": COMPLETION,
@@ -138,6 +141,9 @@ def test_chat_completions_conform(
     if body.get("tools"):
         parts = [choice["delta"] if streamed else choice["message"] for choice in choices]
         assert any(part.get("tool_calls") for part in parts)
+    if body.get("reasoning_effort"):
+        parts = [choice["delta"] if streamed else choice["message"] for choice in choices]
+        assert any(part.get("reasoning_content") for part in parts)
     if mode == "stream-usage":
         assert all(answer["usage"] for answer in answers)
 

@@ -1,6 +1,6 @@
 """The written policy for request fields (gateway/protocol.py, README "Request fields"):
-every OpenAI parameter is passed to vLLM, ignored or refused, and any other field is a 400
-naming it. The live tests go through the real ``openai`` SDK to a real gateway and vLLM;
+every OpenAI parameter is passed to vLLM, applied, ignored or refused, and any other field
+is a 400 naming it. The live tests go through the real ``openai`` SDK to a real gateway and vLLM;
 the others check the policy against the installed SDK's own parameter lists, so that a
 parameter a newer SDK adds fails here instead of meeting an unplanned 400."""
 
@@ -34,6 +34,8 @@ from gateway.protocol import (
 )
 from gateway.settings import GatewaySettings
 from gateway.tiers import TierRoute
+from serving.settings import ServingSettings
+from serving.variants import REASONING_EFFORTS, load_variants
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 MESSAGES: list[Any] = [{"role": "user", "content": "Say hello."}]
@@ -74,6 +76,8 @@ def test_every_sdk_parameter_has_a_policy(model: type[SamplingParams], sdk: Any)
 def test_reasoning_effort_takes_openais_values() -> None:
     (sdk_values,) = [arg for arg in typing.get_args(SdkReasoningEffort) if arg is not type(None)]
     assert set(typing.get_args(ReasoningEffort)) == set(typing.get_args(sdk_values))
+    # The variants file's budgets are checked against the same values.
+    assert set(REASONING_EFFORTS) == set(typing.get_args(ReasoningEffort))
 
 
 def test_the_readme_lists_every_field_under_its_policy() -> None:
@@ -90,7 +94,11 @@ def test_the_readme_lists_every_field_under_its_policy() -> None:
 # --- What reaches vLLM -------------------------------------------------------------------
 
 
-def upstream_body(model: type[SamplingParams], body: dict[str, Any]) -> dict[str, Any]:
+def upstream_body(
+    model: type[SamplingParams],
+    body: dict[str, Any],
+    thinking_budgets: dict[str, int] | None = None,
+) -> dict[str, Any]:
     """The body the gateway would send vLLM for ``body`` (GenerationHandler.shape)."""
     handler = GenerationHandler(
         settings=GatewaySettings(),
@@ -99,7 +107,10 @@ def upstream_body(model: type[SamplingParams], body: dict[str, Any]) -> dict[str
         meter=None,  # type: ignore[arg-type]
         relay=SimpleNamespace(max_model_len=lambda tier: None),  # type: ignore[arg-type]
     )
-    route = TierRoute("fast", "composer-2.5", "composer-2.5", priority=None, max_tokens=8)
+    route = TierRoute(
+        "fast", "composer-2.5", "composer-2.5", priority=None, max_tokens=8,
+        thinking_budgets=thinking_budgets or {},
+    )  # fmt: skip
     raw = json.dumps(body).encode()
     shape = handler.shape(parse_request(model, raw), route, len(raw))
     sent: dict[str, Any] = json.loads(shape.upstream_body)
@@ -111,15 +122,50 @@ def test_only_passed_fields_reach_vllm() -> None:
         "user": "u-1", "store": True, "metadata": {"team": "rl"}, "safety_identifier": "h",
         "prompt_cache_key": "k", "prompt_cache_retention": "24h",
         "prompt_cache_options": {"mode": "implicit", "ttl": "30m"},
-        "reasoning_effort": "high", "verbosity": "low",
     }  # fmt: skip
     nothing_asked = {"modalities": ["text"], "audio": None, "functions": None}
     body = {"model": "composer-2.5", "messages": MESSAGES, "top_k": 5, "return_token_ids": True}
     sent = upstream_body(ChatCompletionRequest, {**body, **ignored, **nothing_asked})
-    assert set(sent) == {*body, "max_tokens", "stream", "stream_options"}
+    # chat_template_kwargs: every chat says whether it thinks (see the next test).
+    assert set(sent) == {*body, "max_tokens", "stream", "stream_options", "chat_template_kwargs"}
     completion = {"model": "composer-2.5", "prompt": "a", "user": "u-1", "best_of": 1}
     assert "user" not in upstream_body(CompletionRequest, completion)
     assert "best_of" not in upstream_body(CompletionRequest, completion)
+
+
+BUDGETS = {"minimal": 64, "low": 256, "medium": 1024, "high": 4096}
+
+
+@pytest.mark.parametrize(
+    ("applied", "kwargs", "budget"),
+    [
+        # Sent even when off: Kimi K2.5's template thinks unless told not to.
+        ({}, {"thinking": False}, None),
+        ({"reasoning_effort": "none"}, {"thinking": False}, None),
+        ({"reasoning_effort": "low"}, {"thinking": True}, 256),
+        ({"reasoning_effort": "high", "verbosity": "low"},
+         {"thinking": True, "verbosity": "low"}, 4096),
+        # An effort the variants file gives no budget does not think.
+        ({"reasoning_effort": "max"}, {"thinking": False}, None),
+        ({"verbosity": "high"}, {"thinking": False, "verbosity": "high"}, None),
+    ],
+)  # fmt: skip
+def test_applied_fields_reach_vllm_as_template_kwargs_and_a_budget(
+    applied: dict[str, Any], kwargs: dict[str, Any], budget: int | None
+) -> None:
+    body = {"model": "composer-2.5", "messages": MESSAGES, **applied}
+    sent = upstream_body(ChatCompletionRequest, body, thinking_budgets=BUDGETS)
+    assert "reasoning_effort" not in sent and "verbosity" not in sent
+    assert sent["chat_template_kwargs"] == kwargs
+    assert sent.get("thinking_token_budget") == budget
+
+
+def test_the_variants_file_budgets_every_effort_but_none() -> None:
+    budgets = load_variants(ServingSettings().variants_file).thinking_budgets
+    assert set(budgets) == set(typing.get_args(ReasoningEffort)) - {"none"}
+    # A higher effort never thinks less.
+    ordered = [budgets[e] for e in ("minimal", "low", "medium", "high", "xhigh", "max")]
+    assert ordered == sorted(ordered)
 
 
 def refusal(model: type[SamplingParams], body: dict[str, Any]) -> dict[str, Any]:
@@ -205,8 +251,6 @@ def test_ignored_fields_are_accepted(client: openai.OpenAI) -> None:
         prompt_cache_key="repo-7",
         prompt_cache_retention="24h",
         prompt_cache_options={"mode": "implicit", "ttl": "30m"},
-        reasoning_effort="low",
-        verbosity="low",
         # Refused fields that ask for nothing: text output, and None sent as null.
         modalities=["text"],
         audio=None,
@@ -277,7 +321,7 @@ def test_unknown_fields_are_a_400_naming_them(
     ("params", "param"),
     [({"reasoning_effort": "bogus"}, "reasoning_effort"), ({"verbosity": "loud"}, "verbosity")],
 )
-def test_not_yet_applied_fields_are_validated(
+def test_applied_fields_are_validated(
     client: openai.OpenAI,
     recorded: tuple[GatewayServer, RecordingMeter],
     params: dict[str, Any],

@@ -39,6 +39,30 @@ def test_cpu_profile_drops_gpu_only_arguments() -> None:
     assert args["max-model-len"] == 2048
 
 
+def test_every_variant_parses_reasoning() -> None:
+    """The gateway sends thinking budgets to every engine: each must run a reasoning
+    parser, or vLLM refuses thinking_token_budget (and reasoning comes back as content)."""
+    for variant in ("standard", "fast", "shared"):
+        assert book().engine_args(variant, "gpu")["reasoning-parser"] == "kimi_k2"
+        cpu = book().engine_args(variant, "cpu")
+        # The tiny template thinks only when asked: serving/reasoning.py's parser.
+        assert cpu["reasoning-parser"] == "composer_tiny"
+        assert importlib.import_module(cpu["reasoning-parser-plugin"])
+
+
+def test_bad_thinking_budgets(tmp_path: Path) -> None:
+    head = "variants: {fast: {}, standard: {}}\nreasoning:\n  thinking_budgets: "
+    for budgets, message in [
+        ("{turbo: 5}", "unknown effort"),
+        ("{none: 5}", "effort none never thinks"),
+        ("{low: 0}", "positive token counts"),
+        ("{low: many}", "positive token counts"),
+    ]:
+        (tmp_path / "v.yaml").write_text(head + budgets + "\n")
+        with pytest.raises(VariantError, match=message):
+            load_variants(tmp_path / "v.yaml")
+
+
 def test_cli_flags() -> None:
     flags = engine_args_to_cli({"a-b": 1, "on": True, "off": False, "j": {"k": 1}})
     assert flags == ["--a-b", "1", "--on", "--no-off", "--j", '{"k": 1}']
