@@ -183,8 +183,6 @@ class UpstreamPool:
             replica = self.pick(tried, turn, key)
             if replica is None:
                 break
-            if self.prefixes is not None and key is not None:
-                self.prefixes.record(key, replica)
             if attempt or avoid is not None:
                 self._retries.inc()
             tried.add(replica)
@@ -215,6 +213,8 @@ class UpstreamPool:
                     release(replica, self.tier, taken)
                     response.close()
                     continue
+            if self.prefixes is not None and key is not None and response.status < 500:
+                self.prefixes.record(key, replica)  # it has the prompt now (not one that failed)
             return UpstreamResponse(replica, response, self.tier, taken)
         raise NoUpstreamAvailable(last_error)
 

@@ -219,8 +219,12 @@ def test_a_5xx_before_any_byte_is_retried_on_another_replica(
     """An overloaded replica (healthy, but every POST answers 503) costs no request: each
     one that lands there first is sent once more, to the other replica."""
     overloaded = forwarders(overloaded=True)
+    # Least outstanding: prefix routing would send these identical prompts to the replica
+    # that answered the first one, and never try the overloaded one again.
     gateway = start_gateway(
-        fast_upstream_urls=[overloaded.url, vllm_url], standard_upstream_urls=[overloaded.url]
+        fast_upstream_urls=[overloaded.url, vllm_url],
+        standard_upstream_urls=[overloaded.url],
+        routing="least_outstanding",
     )
     client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=api_key, max_retries=0)
     for stream in (False, True) * 3:
@@ -247,6 +251,28 @@ def test_a_5xx_before_any_byte_is_retried_on_another_replica(
         "param": None,
         "code": "upstream_error",
     }
+
+
+def test_prefix_routing_keeps_a_conversation_off_the_replica_that_failed_it(
+    start_gateway: Callable[..., GatewayServer],
+    forwarders: Callable[..., Forwarder],
+    vllm_url: str,
+    api_key: str,
+) -> None:
+    """With prefix routing (the default), a prompt is remembered on the replica that
+    answered it, never on one that failed it: after at most one retry, the same
+    conversation goes straight to the working replica."""
+    overloaded = forwarders(overloaded=True)
+    gateway = start_gateway(fast_upstream_urls=[overloaded.url, vllm_url])
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=api_key, max_retries=0)
+    for stream in (False, True) * 3:
+        if stream:
+            chunks = endless_stream(client, "composer-2.5-fast", max_tokens=2)
+            assert [c for c in chunks if c.choices][-1].choices[0].finish_reason == "length"
+        else:
+            assert endless_finish_reason(client, "composer-2.5-fast", max_tokens=2) == "length"
+    metrics = httpx.get(f"{gateway.internal_url}/metrics").text
+    assert metric_value(metrics, "cstack_upstream_retries_total", tier="fast") <= 1
 
 
 def test_sigterm_with_a_stream_in_flight_exits_within_the_grace(
