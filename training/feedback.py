@@ -35,6 +35,8 @@ class Trigger:
     ``unknown_tool``: the turn called a tool that is not in the episode's tool list.
     ``tool_result_regex``: a tool result of the turn matches (searched, not anchored).
     ``completion_regex``: the turn's completion text matches.
+    ``min_completion_tokens``: the turn's completion has at least this many tokens (its
+    recorded ``completion_token_ids``): a communication-style condition, e.g. over-long.
     ``hint`` may use ``{tools}``: the comma-separated names of the available tools.
     """
 
@@ -43,10 +45,22 @@ class Trigger:
     unknown_tool: bool = False
     tool_result_regex: str | None = None
     completion_regex: str | None = None
+    min_completion_tokens: int | None = None
 
     def __post_init__(self) -> None:
-        if not (self.unknown_tool or self.tool_result_regex or self.completion_regex):
+        if not (
+            self.unknown_tool
+            or self.tool_result_regex
+            or self.completion_regex
+            or self.min_completion_tokens is not None
+        ):
             raise FeedbackConfigError(f"trigger {self.name!r} has no condition")
+        limit = self.min_completion_tokens
+        if limit is not None and (type(limit) is not int or limit < 1):  # bool is no int here
+            raise FeedbackConfigError(
+                f"trigger {self.name!r}: min_completion_tokens must be a positive integer, "
+                f"got {limit!r}"
+            )
         for pattern in (self.tool_result_regex, self.completion_regex):
             if pattern is not None:
                 try:
@@ -76,7 +90,14 @@ class TextFeedbackConfig:
 def _trigger(entry: Any, index: int) -> Trigger:
     if not isinstance(entry, dict) or "name" not in entry or "hint" not in entry:
         raise FeedbackConfigError(f"triggers[{index}] needs at least 'name' and 'hint'")
-    known = {"name", "hint", "unknown_tool", "tool_result_regex", "completion_regex"}
+    known = {
+        "name",
+        "hint",
+        "unknown_tool",
+        "tool_result_regex",
+        "completion_regex",
+        "min_completion_tokens",
+    }
     unknown = set(entry) - known
     if unknown:
         raise FeedbackConfigError(f"triggers[{index}]: unknown keys {sorted(unknown)}")
@@ -105,6 +126,9 @@ Encode = Callable[[str], list[int]]
 
 
 def _fires(trigger: Trigger, turn: Turn, tool_names: Sequence[str]) -> bool:
+    limit = trigger.min_completion_tokens
+    if limit is not None and len(turn.completion_token_ids) < limit:
+        return False
     if trigger.completion_regex and not re.search(trigger.completion_regex, turn.completion_text):
         return False
     if not (trigger.unknown_tool or trigger.tool_result_regex):

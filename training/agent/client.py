@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 import openai
 
 from training.trajectory import ToolCall
+
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+Verbosity = Literal["low", "medium", "high"]
 
 
 class PolicyResponseError(RuntimeError):
@@ -27,6 +30,9 @@ class SamplingConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     extra_body: dict[str, Any] = field(default_factory=dict)
+    #: The gateway's chat-completions knobs; None: not sent (the model's default).
+    reasoning_effort: ReasoningEffort | None = None
+    verbosity: Verbosity | None = None
 
 
 @dataclass(frozen=True)
@@ -65,11 +71,30 @@ class PolicyClient:
         )
         return twin
 
+    def styled(
+        self, reasoning_effort: ReasoningEffort | None, verbosity: Verbosity | None
+    ) -> PolicyClient:
+        """The same connection, asking for this effort and verbosity (None: leave as is)."""
+        if reasoning_effort is None and verbosity is None:
+            return self
+        twin = copy.copy(self)
+        twin.sampling = replace(
+            self.sampling,
+            reasoning_effort=reasoning_effort or self.sampling.reasoning_effort,
+            verbosity=verbosity or self.sampling.verbosity,
+        )
+        return twin
+
     def close(self) -> None:
         self._client.close()
 
     def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Completion:
         s = self.sampling
+        style = {
+            key: value
+            for key, value in (("reasoning_effort", s.reasoning_effort), ("verbosity", s.verbosity))
+            if value is not None
+        }
         response = self._client.chat.completions.create(
             model=s.model,
             messages=messages,  # type: ignore[arg-type]
@@ -79,7 +104,7 @@ class PolicyClient:
             temperature=s.temperature,
             top_p=s.top_p,
             logprobs=True,
-            extra_body={"return_token_ids": True, **s.extra_body},
+            extra_body={"return_token_ids": True, **style, **s.extra_body},
         )
         choice = response.choices[0]
         prompt_ids = (response.model_extra or {}).get("prompt_token_ids")

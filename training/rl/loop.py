@@ -26,7 +26,7 @@ from training.rl.consumer import TrajectoryConsumer, TrajectoryGroup
 from training.rl.trainer_hook import trainer_batch
 from training.rollouts.gate import PolicyVersionGate
 from training.rollouts.metrics import STALENESS
-from training.rollouts.request import RolloutRequest
+from training.rollouts.request import RolloutRequest, TaskStyle
 
 
 class TrainerLike(Protocol):
@@ -55,6 +55,8 @@ class LoopConfig:
     #: Seeds vLLM's sampling of the k-th submitted rollout with ``sampling_seed * 10**6 + k``
     #: (None: unseeded), so two runs with the same seed draw the same random numbers.
     sampling_seed: int | None = None
+    #: Per task id: the reasoning effort and verbosity its rollouts ask for (absent: none).
+    task_styles: Mapping[str, TaskStyle] = field(default_factory=dict)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
 
 
@@ -105,11 +107,13 @@ class RlLoop:
         version = self.gate.version()
         while self._in_flight_groups() < self.config.queued_groups:
             task_id = next(self._tasks)
+            style = self.config.task_styles.get(task_id, TaskStyle())
             for _ in range(self.config.grpo.group_size):
                 self.submit(RolloutRequest(
                     rollout_id=uuid.uuid4().hex, task_id=task_id,
                     environment=self.config.environment, policy_version=version,
-                    seed=self._next_seed(),
+                    seed=self._next_seed(), reasoning_effort=style.reasoning_effort,
+                    verbosity=style.verbosity,
                 ))  # fmt: skip
             self._submitted_groups += 1
 

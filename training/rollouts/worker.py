@@ -112,7 +112,8 @@ def run_rollout_request(request: RolloutRequest) -> str:
     if environment is None:
         raise ValueError(f"unknown environment {request.environment!r}")
     gate = PolicyVersionGate(_redis(), gate_prefix(settings.rl_trajectory_stream))
-    trajectory = environment.run(request, _policy().seeded(request.seed), gate.turn)
+    policy = _policy().seeded(request.seed).styled(request.reasoning_effort, request.verbosity)
+    trajectory = environment.run(request, policy, gate.turn)
     entry = publisher.publish(trajectory)
     ROLLOUTS.labels(env=trajectory.environment).inc()
     REWARD.labels(env=trajectory.environment).observe(trajectory.reward)

@@ -82,3 +82,23 @@ def test_episode_through_the_gateway_keeps_token_ids(gateway_url: str, redis_url
     (turn,) = result.turns
     assert turn.prompt_token_ids and len(turn.prompt_token_ids) > 100  # tools in the template
     assert 0 < len(turn.completion_token_ids) == len(turn.completion_logprobs) <= 8
+
+
+@pytest.mark.vllm
+def test_a_tasks_effort_and_verbosity_reach_the_model(gateway_url: str, redis_url: str) -> None:
+    """Through the real gateway and vLLM: the tiny template renders verbosity as a system
+    line and opens ``<think>`` for an effort that thinks, so the prompt the model saw
+    (its token ids, returned) shows each setting arrived, and only when set."""
+    from training.agent import PolicyClient, SamplingConfig
+
+    client = PolicyClient(
+        f"{gateway_url}/v1", _api_key(redis_url), SamplingConfig(max_tokens=4, temperature=0.0)
+    )
+    messages = [{"role": "user", "content": "hello"}]
+    plain = client.complete(messages, [])
+    assert client.styled(None, None) is client
+    thinking = client.styled("low", None).complete(messages, [])
+    terse = client.styled(None, "low").complete(messages, [])
+    assert len(thinking.prompt_token_ids) == len(plain.prompt_token_ids) + 1  # <think>
+    assert thinking.prompt_token_ids[:-1] == plain.prompt_token_ids
+    assert len(terse.prompt_token_ids) > len(plain.prompt_token_ids)  # "Answer tersely."

@@ -99,6 +99,9 @@ def test_tool_result_trigger_from_yaml(tmp_path: Path) -> None:
         ("triggers:\n  - {name: x}\n", "needs at least 'name' and 'hint'"),
         ("triggers:\n  - {name: x, hint: h}\n", "has no condition"),
         ("triggers:\n  - {name: x, hint: h, completion_regex: '('}\n", "bad regex"),
+        ("triggers:\n  - {name: x, hint: h, min_completion_tokens: 0}\n", "positive integer"),
+        ("triggers:\n  - {name: x, hint: h, min_completion_tokens: lots}\n", "positive int"),
+        ("triggers:\n  - {name: x, hint: h, min_completion_tokens: true}\n", "positive int"),
         ("kl_coeff: 1\n", "unknown keys"),
         ("kl_normalisation: batch\n", "kl_normalisation"),
     ],
@@ -194,6 +197,79 @@ def test_hint_kl_lowers_the_invalid_tool_probability() -> None:
     assert stats.flagged_turns == 2 and stats.policy_loss == 0.0
     assert after < 0.5 * before
     assert kls[-1] < kls[0]
+
+
+STYLE = TextFeedbackConfig(
+    kl_coef=1.0,
+    hint_template="SYS {hint} END",
+    generation_prompt="ASSIST",
+    triggers=(
+        Trigger(name="unknown_tool", unknown_tool=True, hint="tools"),
+        Trigger(name="long_answer", min_completion_tokens=4, hint="ok"),
+    ),
+)
+
+
+def _answer(length: int) -> Turn:
+    """A tool-less answer of ``length`` tokens."""
+    return _turn(0, "USER hello ASSIST", " ".join(["hello"] * length), None)
+
+
+def test_default_yaml_flags_a_long_answer_and_not_a_short_one() -> None:
+    config = load_feedback_config()
+    (long_answer,) = (t for t in config.triggers if t.name == "long_answer")
+    limit = long_answer.min_completion_tokens
+    assert limit is not None
+    marks = detect_feedback([_answer(limit)], TOOLS, config)
+    assert [(m.turn_index, m.trigger) for m in marks] == [(0, "long_answer")]
+    assert marks[0].hint.startswith("Be concise")
+    assert detect_feedback([_answer(limit - 1)], TOOLS, config) == []
+
+
+def test_a_tool_mistake_wins_over_the_style_trigger_on_the_same_turn() -> None:
+    turn = _turn(0, "USER hello ASSIST", "search search search search", "search")
+    marks = detect_feedback([turn], TOOLS, STYLE)
+    assert [m.trigger for m in marks] == ["unknown_tool"]
+
+
+def test_style_trigger_from_yaml_combines_with_a_regex(tmp_path: Path) -> None:
+    path = tmp_path / "fb.yaml"
+    path.write_text(
+        "triggers:\n"
+        "  - {name: long_hello, min_completion_tokens: 3, completion_regex: hello,"
+        " hint: 'be brief'}\n"
+    )
+    config = load_feedback_config(path)
+    assert [m.trigger for m in detect_feedback([_answer(3)], TOOLS, config)] == ["long_hello"]
+    assert detect_feedback([_answer(2)], TOOLS, config) == []
+    finish = _turn(0, "USER hello ASSIST", "finish finish finish", None)
+    assert detect_feedback([finish], TOOLS, config) == []
+
+
+def _style_trajectory(name: str, length: int) -> Trajectory:
+    turns = [_answer(length)]
+    return Trajectory(
+        trajectory_id=name, rollout_id=name, task_id="t", environment="toy",
+        policy_version_start=0, policy_version_end=0, turns=turns, reward=1.0,
+        raw_reward=1.0, feedback=detect_feedback(turns, TOOLS, STYLE),
+    )  # fmt: skip
+
+
+def test_style_hint_builds_the_teacher_context_and_a_kl_term() -> None:
+    config = GRPOConfig(feedback=STYLE)
+    group = [_style_trajectory("long", 5), _style_trajectory("short", 2)]
+    assert [[m.trigger for m in t.feedback] for t in group] == [["long_answer"], []]
+    batch = build_batch([group], config, encode)
+    assert batch.flagged_rows.tolist() == [0]
+    hinted = [i for i in batch.hinted_input_ids[0].tolist() if i != VOCAB["<pad>"]]
+    assert hinted == encode("USER hello SYS ok END ASSIST") + encode(" ".join(["hello"] * 5))
+    # Equal rewards: zero advantages, so the loss is the style hint's KL alone.
+    loss, stats = rl_loss(BagOfContextLM(seed=1), batch, config)
+    assert stats.flagged_turns == 1 and stats.policy_loss == 0.0
+    assert stats.hint_kl > 0.0 and float(loss.detach()) > 0.0
+    off = GRPOConfig(feedback=TextFeedbackConfig(enabled=False))
+    loss_off, _ = rl_loss(BagOfContextLM(seed=1), build_batch([group], off, encode), off)
+    assert float(loss_off.detach()) == 0.0
 
 
 def test_feedback_marks_survive_the_record_round_trip() -> None:

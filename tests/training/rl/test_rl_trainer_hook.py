@@ -95,3 +95,40 @@ def test_hook_in_trainer_equals_reference(
         grad = param.grad
         full = grad.full_tensor() if hasattr(grad, "full_tensor") else grad
         torch.testing.assert_close(full, ref.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_style_hint_reaches_the_trainers_kl_term(process_group: None) -> None:
+    """A long answer (no tool call) gets the style hint; with equal rewards only the hint
+    KL is left, so the real trainer's loss is that KL term and nothing else."""
+    style = TextFeedbackConfig(
+        kl_coef=0.5, hint_template="SYS {hint} END", generation_prompt="ASSIST",
+        triggers=(Trigger(name="long_answer", min_completion_tokens=3, hint="tools"),),
+    )  # fmt: skip
+
+    def answer(name: str, completion: list[int]) -> Trajectory:
+        turn = Turn(index=0, policy_version=0, prompt_token_ids=encode("USER hello ASSIST"),
+                    completion_token_ids=completion,
+                    completion_logprobs=[-2.0] * len(completion))  # fmt: skip
+        return Trajectory(
+            trajectory_id=name, rollout_id=name, task_id="t", environment="toy",
+            policy_version_start=0, policy_version_end=0, turns=[turn], reward=1.0,
+            raw_reward=1.0, feedback=detect_feedback([turn], ["read_file"], style),
+        )  # fmt: skip
+
+    groups = [[answer("long", [7, 9, 10, 11]), answer("short", [7, 9])]]
+    assert [m.trigger for t in groups[0] for m in t.feedback] == ["long_answer"]
+    losses = []
+    for feedback in (style, TextFeedbackConfig(enabled=False)):
+        config = GRPOConfig(feedback=feedback)
+        batch = build_batch(groups, config, encode)
+        trainer = Trainer(
+            TrainerConfig(model=SMALL, seed=5, batch_size=4, seq_len=16, grad_clip=1e9,
+                          optimizer=MuonConfig(lr=0.01)),
+            loss_fn=grpo_loss_hook(config),
+        )  # fmt: skip
+        inputs = trainer_batch(batch, config, teacher=trainer.model)
+        loss, _ = trainer.forward_backward(inputs)
+        losses.append(loss)
+    with_hint, without = losses
+    assert without == 0.0  # equal rewards: zero advantages, no policy loss
+    assert with_hint > 0.0  # the style hint's KL, and only it
