@@ -31,7 +31,6 @@ import os
 import uuid
 from pathlib import Path
 
-import httpx
 import redis
 import torch
 import torch.distributed as dist
@@ -40,12 +39,12 @@ from tokenizers import Tokenizer
 from serving.engine import engine_for_variant
 from serving.launcher import VllmServer
 from serving.process import free_port
-from serving.spec_decode import SpecDecodeCounters, read_counters
+from serving.spec_decode import SpecDecodeCounters, greedy_counters
 from serving.tiny import build_tiny_checkpoint
 from serving.valkey import running_valkey
+from training.checkpoint import graft_mtp_layers
 from training.config import TrainerConfig
 from training.losses import IGNORE_INDEX
-from training.models.deepseek_v3.model import DeepseekV3Model
 from training.optim.config import MuonConfig
 from training.rollouts.gate import PolicyVersionGate
 from training.rollouts.weight_sync import VllmWeightSync
@@ -61,21 +60,6 @@ PROMPTS = [
     "Once upon a time there was",
     "Error: file not found.",
 ]
-
-
-def measure(
-    url: str, prompts: list[list[int]], max_tokens: int
-) -> tuple[SpecDecodeCounters, list[list[int]]]:
-    """Greedy completions of ``prompts`` and the engine's drafting counters over them."""
-    before = read_counters(url)
-    completions = []
-    for prompt in prompts:
-        body = {"model": "composer-2.5", "prompt": prompt, "max_tokens": max_tokens,
-                "temperature": 0.0, "ignore_eos": True, "return_token_ids": True}  # fmt: skip
-        reply = httpx.post(f"{url}/v1/completions", json=body, timeout=600)
-        reply.raise_for_status()
-        completions.append(list(reply.json()["choices"][0]["token_ids"]))
-    return read_counters(url) - before, completions
 
 
 def training_batch(prompts: list[list[int]], completions: list[list[int]]) -> dict:
@@ -109,19 +93,6 @@ def train(model: Path, batch: dict, args: argparse.Namespace, out: Path) -> list
         return losses
     finally:
         dist.destroy_process_group()
-
-
-def with_mtp_of(base: Path, trained: Path, out: Path) -> Path:
-    """``base``'s weights with ``trained``'s MTP layers (tokenizer files from ``trained``)."""
-    model = DeepseekV3Model.from_pretrained(base)
-    first = model.config.num_hidden_layers
-    drafter = DeepseekV3Model.from_pretrained(trained).model.layers[first:]
-    model.model.layers[first:].load_state_dict(drafter.state_dict())
-    model.save_pretrained(out)
-    for file in trained.iterdir():
-        if file.name.startswith(("tokenizer", "special_tokens", "generation")):
-            (out / file.name).write_bytes(file.read_bytes())
-    return out
 
 
 def row(label: str, counters: SpecDecodeCounters) -> str:
@@ -162,14 +133,14 @@ def main() -> None:
         try:
             engine.wait_healthy(timeout_s=900)
             sync = VllmWeightSync([engine.base_url], gate)
-            before, completions = measure(engine.base_url, prompts, args.max_tokens)
+            before, completions = greedy_counters(engine.base_url, prompts, args.max_tokens)
             rows.append(row("base checkpoint", before))
             losses = train(model, training_batch(prompts, completions), args, trained)
             sync.push(trained)
-            pushed, _ = measure(engine.base_url, prompts, args.max_tokens)
+            pushed, _ = greedy_counters(engine.base_url, prompts, args.max_tokens)
             rows.append(row(f"after {steps}, pushed", pushed))
-            sync.push(with_mtp_of(model, trained, args.out / "base-with-trained-mtp"))
-            drafter_only, _ = measure(engine.base_url, prompts, args.max_tokens)
+            sync.push(graft_mtp_layers(model, trained, args.out / "base-with-trained-mtp"))
+            drafter_only, _ = greedy_counters(engine.base_url, prompts, args.max_tokens)
         finally:
             engine.stop()
     if args.restart:
@@ -177,7 +148,7 @@ def main() -> None:
         fresh.start()
         try:
             fresh.wait_healthy(timeout_s=900)
-            restarted, _ = measure(fresh.base_url, prompts, args.max_tokens)
+            restarted, _ = greedy_counters(fresh.base_url, prompts, args.max_tokens)
             rows.append(row(f"after {steps}, fresh engine on the export", restarted))
         finally:
             fresh.stop()

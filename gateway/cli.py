@@ -96,7 +96,6 @@ def create_key(
     name: Annotated[str, typer.Option(help="A label to recognise the key by.")] = "",
 ) -> None:
     """Create an API key and print it (the only time it is shown)."""
-    from gateway.keys import KeyStoreError
 
     async def create(store: Any) -> tuple[str, Any]:
         if await store.get_org(org) is None:
@@ -104,10 +103,7 @@ def create_key(
             typer.echo(f"created org {org}", err=True)
         return await store.create_key(org, plan=plan, name=name)
 
-    try:
-        token, record = _with_store(create)
-    except KeyStoreError as exc:
-        _fail(str(exc))
+    token, record = _with_store(create)
     typer.echo(f"key_id: {record.key_id}\norg: {record.org_id}\nplan: {record.plan}")
     typer.echo(f"key: {token}")
     typer.echo("Store the key now: it is not kept and cannot be shown again.", err=True)
@@ -116,12 +112,7 @@ def create_key(
 @keys_app.command("revoke")
 def revoke_key(key_id: Annotated[str, typer.Argument(help="The key's id (not the key).")]) -> None:
     """Revoke a key; every gateway replica refuses it within a second."""
-    from gateway.keys import KeyStoreError
-
-    try:
-        record = _with_store(lambda store: store.revoke_key(key_id))
-    except KeyStoreError as exc:
-        _fail(str(exc))
+    record = _with_store(lambda store: store.revoke_key(key_id))
     typer.echo(f"revoked {record.key_id} (org {record.org_id})")
 
 
@@ -133,12 +124,7 @@ def default_tier(
     ],
 ) -> None:
     """Set the tier an org's requests get when they name no service_tier (or "auto")."""
-    from gateway.keys import KeyStoreError
-
-    try:
-        record = _with_store(lambda store: store.update_org(org, default_tier=cast("Tier", tier)))
-    except KeyStoreError as exc:
-        _fail(str(exc))
+    record = _with_store(lambda store: store.update_org(org, default_tier=cast("Tier", tier)))
     typer.echo(f"org {record.org_id}: default tier {record.default_tier}")
 
 
@@ -151,12 +137,7 @@ def fast_overflow(
 ) -> None:
     """Let an org's fast requests be served by the standard pool when the fast pool is full
     (answered and billed as standard), or not (they wait for fast, then get a 503)."""
-    from gateway.keys import KeyStoreError
-
-    try:
-        record = _with_store(lambda store: store.update_org(org, fast_overflow=allowed is OnOff.on))
-    except KeyStoreError as exc:
-        _fail(str(exc))
+    record = _with_store(lambda store: store.update_org(org, fast_overflow=allowed is OnOff.on))
     state = "on" if record.fast_overflow else "off"
     typer.echo(f"org {record.org_id}: fast overflow to standard {state}")
 
@@ -185,10 +166,12 @@ def _settings(**overrides: Any) -> Any:
 
 
 def _with_store(action: Callable[[Any], Awaitable[T]]) -> T:
+    """Run ``action`` on the key store; what the store refuses (an unknown org, a bad
+    id...) or an unreachable Redis ends the command with a one-line error."""
     from redis.asyncio import Redis
     from redis.exceptions import RedisError
 
-    from gateway.keys import KeyStore
+    from gateway.keys import KeyStore, KeyStoreError
 
     settings = _settings()
 
@@ -201,6 +184,8 @@ def _with_store(action: Callable[[Any], Awaitable[T]]) -> T:
 
     try:
         return asyncio.run(run())
+    except KeyStoreError as exc:
+        _fail(str(exc))
     except (RedisError, OSError) as exc:
         _fail(f"cannot reach Redis at CSTACK_REDIS_URL ({type(exc).__name__}: {exc})")
 

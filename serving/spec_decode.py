@@ -66,3 +66,19 @@ def read_counters(base_url: str, timeout_s: float = 30.0) -> SpecDecodeCounters:
         accepted_tokens=totals.get("num_accepted_tokens", 0.0),
         accepted_per_position=tuple(positions[p] for p in sorted(positions)),
     )
+
+
+def greedy_counters(
+    base_url: str, prompts: list[list[int]], max_tokens: int, timeout_s: float = 600.0
+) -> tuple[SpecDecodeCounters, list[list[int]]]:
+    """Greedy completions of ``prompts`` (token ids, ``max_tokens`` each, EOS ignored) and
+    the engine's drafting counters over just those requests."""
+    before = read_counters(base_url)
+    completions = []
+    for prompt in prompts:
+        body = {"model": "composer-2.5", "prompt": prompt, "max_tokens": max_tokens,
+                "temperature": 0.0, "ignore_eos": True, "return_token_ids": True}  # fmt: skip
+        reply = httpx.post(f"{base_url.rstrip('/')}/v1/completions", json=body, timeout=timeout_s)
+        reply.raise_for_status()
+        completions.append(list(reply.json()["choices"][0]["token_ids"]))
+    return read_counters(base_url) - before, completions

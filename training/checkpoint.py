@@ -19,6 +19,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from training.models.deepseek_v3.config import ModelConfig
 from training.models.deepseek_v3.hf_io import save_hf_checkpoint
+from training.models.deepseek_v3.model import DeepseekV3Model
 
 _PREFIX = "step-"
 _TOKENIZER_FILES = (
@@ -74,3 +75,18 @@ def export_hf(model: nn.Module, config: ModelConfig, out: Path, source: Path | N
                     shutil.copy2(source / name, out / name)
     if dist.is_initialized():
         dist.barrier()
+
+
+def graft_mtp_layers(base: Path, donor: Path, out: Path) -> Path:
+    """``base``'s checkpoint with ``donor``'s MTP layers (the layers past the last decoder
+    layer), written to ``out`` with ``base``'s tokenizer files: the target model of one
+    checkpoint drafting with another's MTP layer."""
+    model = DeepseekV3Model.from_pretrained(base)
+    first = model.config.num_hidden_layers
+    drafter = DeepseekV3Model.from_pretrained(donor).model.layers[first:]
+    model.model.layers[first:].load_state_dict(drafter.state_dict())
+    model.save_pretrained(out)
+    for name in _TOKENIZER_FILES:
+        if (base / name).is_file():
+            shutil.copy2(base / name, out / name)
+    return out

@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import openai
 import pytest
-from gateway_support import ADMIN_TOKEN, Forwarder, GatewayServer, create_key
+from gateway_support import ADMIN_TOKEN, Forwarder, GatewayServer, RecordingMeter, create_key
 
 from billing.meter import Meter, UnmeteredMeter
 from billing.reporting import UnmeteredUsageReader, UsageReader
@@ -45,6 +46,23 @@ def start_gateway(redis_url: str) -> Iterator[Callable[..., GatewayServer]]:
 def gateway(start_gateway: Callable[..., GatewayServer], vllm_url: str) -> GatewayServer:
     """The shared gateway in front of the session's vLLM (both tiers on one engine)."""
     return start_gateway(upstream_url=vllm_url)
+
+
+@pytest.fixture(scope="module")
+def recorded(
+    start_gateway: Callable[..., GatewayServer], vllm_url: str
+) -> tuple[GatewayServer, RecordingMeter]:
+    """A gateway of this module's own in front of vLLM, and the meter that records what it
+    admitted and settled."""
+    meter = RecordingMeter()
+    return start_gateway(meter=meter, upstream_url=vllm_url), meter
+
+
+@pytest.fixture(scope="module")
+def client(recorded: tuple[GatewayServer, RecordingMeter], api_key: str) -> openai.OpenAI:
+    """The openai SDK on ``recorded``'s gateway (a module may define its own ``client``)."""
+    gateway, _ = recorded
+    return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=api_key, max_retries=0)
 
 
 @pytest.fixture(scope="session")

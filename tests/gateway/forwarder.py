@@ -47,17 +47,23 @@ async def pipe(
             writer.close()
 
 
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    """One request's head (its body read and dropped)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.lower().split(b"\r\n"):
+        if line.startswith(b"content-length:"):
+            length = int(line.split(b":", 1)[1])
+    await reader.readexactly(length)
+    return head
+
+
 OVERLOADED_BODY = b'{"error":{"message":"engine overloaded","type":"server_error","code":503}}'
 
 
 async def answer_overloaded(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
-        while head := await reader.readuntil(b"\r\n\r\n"):
-            length = 0
-            for line in head.lower().split(b"\r\n"):
-                if line.startswith(b"content-length:"):
-                    length = int(line.split(b":", 1)[1])
-            await reader.readexactly(length)
+        while head := await read_request(reader):
             if head.startswith(b"GET /health"):
                 writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
             else:
@@ -74,12 +80,7 @@ async def answer_overloaded(reader: asyncio.StreamReader, writer: asyncio.Stream
 
 async def answer_hung(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
-        while head := await reader.readuntil(b"\r\n\r\n"):
-            length = 0
-            for line in head.lower().split(b"\r\n"):
-                if line.startswith(b"content-length:"):
-                    length = int(line.split(b":", 1)[1])
-            await reader.readexactly(length)
+        while head := await read_request(reader):
             if not head.startswith(b"GET "):
                 await asyncio.Event().wait()  # a POST: never answered
             body = b'{"object":"list","data":[]}' if b" /v1/models " in head else b""

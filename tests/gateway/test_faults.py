@@ -210,6 +210,16 @@ def test_silent_upstream_times_out_with_a_504(
     assert metric_value(metrics, "cstack_upstream_errors_total", tier="fast", kind="timeout") == 1
 
 
+def answer_six_fast_requests(client: openai.OpenAI) -> None:
+    """Three non-streaming and three streaming fast requests, each answered in full."""
+    for stream in (False, True) * 3:
+        if stream:
+            chunks = endless_stream(client, "composer-2.5-fast", max_tokens=2)
+            assert [c for c in chunks if c.choices][-1].choices[0].finish_reason == "length"
+        else:
+            assert endless_finish_reason(client, "composer-2.5-fast", max_tokens=2) == "length"
+
+
 def test_a_5xx_before_any_byte_is_retried_on_another_replica(
     start_gateway: Callable[..., GatewayServer],
     forwarders: Callable[..., Forwarder],
@@ -227,12 +237,7 @@ def test_a_5xx_before_any_byte_is_retried_on_another_replica(
         routing="least_outstanding",
     )
     client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=api_key, max_retries=0)
-    for stream in (False, True) * 3:
-        if stream:
-            chunks = endless_stream(client, "composer-2.5-fast", max_tokens=2)
-            assert [c for c in chunks if c.choices][-1].choices[0].finish_reason == "length"
-        else:
-            assert endless_finish_reason(client, "composer-2.5-fast", max_tokens=2) == "length"
+    answer_six_fast_requests(client)
     metrics = httpx.get(f"{gateway.internal_url}/metrics").text
     retries = metric_value(metrics, "cstack_upstream_retries_total", tier="fast")
     errors = metric_value(metrics, "cstack_upstream_errors_total", tier="fast", kind="status_5xx")
@@ -265,12 +270,7 @@ def test_prefix_routing_keeps_a_conversation_off_the_replica_that_failed_it(
     overloaded = forwarders(overloaded=True)
     gateway = start_gateway(fast_upstream_urls=[overloaded.url, vllm_url])
     client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=api_key, max_retries=0)
-    for stream in (False, True) * 3:
-        if stream:
-            chunks = endless_stream(client, "composer-2.5-fast", max_tokens=2)
-            assert [c for c in chunks if c.choices][-1].choices[0].finish_reason == "length"
-        else:
-            assert endless_finish_reason(client, "composer-2.5-fast", max_tokens=2) == "length"
+    answer_six_fast_requests(client)
     metrics = httpx.get(f"{gateway.internal_url}/metrics").text
     assert metric_value(metrics, "cstack_upstream_retries_total", tier="fast") <= 1
 

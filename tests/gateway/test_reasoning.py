@@ -23,18 +23,6 @@ MESSAGES: list[Any] = [{"role": "user", "content": "Say hello."}]
 BUDGETS = load_variants(ServingSettings().variants_file).thinking_budgets
 
 
-@pytest.fixture(scope="module")
-def recorded(start_gateway: Any, vllm_url: str) -> tuple[GatewayServer, RecordingMeter]:
-    meter = RecordingMeter()
-    return start_gateway(meter=meter, upstream_url=vllm_url), meter
-
-
-@pytest.fixture(scope="module")
-def client(recorded: tuple[GatewayServer, RecordingMeter], api_key: str) -> openai.OpenAI:
-    gateway, _ = recorded
-    return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=api_key, max_retries=0)
-
-
 def chat(client: openai.OpenAI, **params: Any) -> Any:
     params = {"max_tokens": 24, "seed": 1, "temperature": 1.0, **params}
     return client.chat.completions.create(model="composer-2.5", messages=MESSAGES, **params)

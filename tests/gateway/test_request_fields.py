@@ -197,20 +197,6 @@ def test_an_unknown_field_name_is_capped_in_the_error() -> None:
 # --- Through the openai SDK, the real gateway and vLLM -----------------------------------
 
 
-@pytest.fixture(scope="module")
-def recorded(
-    start_gateway: Callable[..., GatewayServer], vllm_url: str
-) -> tuple[GatewayServer, RecordingMeter]:
-    meter = RecordingMeter()
-    return start_gateway(meter=meter, upstream_url=vllm_url), meter
-
-
-@pytest.fixture(scope="module")
-def client(recorded: tuple[GatewayServer, RecordingMeter], api_key: str) -> openai.OpenAI:
-    gateway, _ = recorded
-    return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=api_key, max_retries=0)
-
-
 def chat(client: openai.OpenAI, **params: Any) -> Any:
     return client.chat.completions.create(
         model="composer-2.5", messages=MESSAGES, max_tokens=2, **params

@@ -13,7 +13,6 @@ measurement would still be the random layer's (0 of 184 drafted tokens accepted)
 
 from __future__ import annotations
 
-import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,10 +24,10 @@ import torch
 
 from serving.engine import engine_for_variant
 from serving.process import free_port
-from serving.spec_decode import SpecDecodeCounters, read_counters
+from serving.spec_decode import greedy_counters
+from training.checkpoint import graft_mtp_layers
 from training.config import TrainerConfig
 from training.losses import IGNORE_INDEX
-from training.models.deepseek_v3.model import DeepseekV3Model
 from training.optim.config import MuonConfig
 from training.trainer import Trainer
 
@@ -48,18 +47,6 @@ def fast_engine_url(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) 
         yield engine.base_url
     finally:
         engine.stop()
-
-
-def _greedy(url: str) -> tuple[SpecDecodeCounters, list[list[int]]]:
-    before = read_counters(url)
-    completions = []
-    for prompt in PROMPTS:
-        body = {"model": "composer-2.5", "prompt": prompt, "max_tokens": MAX_TOKENS,
-                "temperature": 0.0, "ignore_eos": True, "return_token_ids": True}  # fmt: skip
-        reply = httpx.post(f"{url}/v1/completions", json=body, timeout=300)
-        reply.raise_for_status()
-        completions.append(list(reply.json()["choices"][0]["token_ids"]))
-    return read_counters(url) - before, completions
 
 
 def _target_digests(url: str) -> dict[str, str]:
@@ -92,18 +79,6 @@ def _train_mtp(tiny_model: Path, completions: list[list[int]], out: Path) -> Pat
     return out
 
 
-def _with_mtp_of(base: Path, trained: Path, out: Path) -> Path:
-    model = DeepseekV3Model.from_pretrained(base)
-    first = model.config.num_hidden_layers
-    drafter = DeepseekV3Model.from_pretrained(trained).model.layers[first:]
-    model.model.layers[first:].load_state_dict(drafter.state_dict())
-    model.save_pretrained(out)
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                 "generation_config.json"):  # fmt: skip
-        shutil.copy2(base / name, out / name)
-    return out
-
-
 @pytest.mark.vllm
 def test_pushed_mtp_layer_drafts_in_the_fast_engine(
     fast_engine_url: str, redis_url: str, tiny_model: Path, tmp_path: Path, process_group: None
@@ -112,16 +87,16 @@ def test_pushed_mtp_layer_drafts_in_the_fast_engine(
     from training.rollouts.weight_sync import VllmWeightSync
 
     target = _target_digests(fast_engine_url)
-    random_layer, completions = _greedy(fast_engine_url)
+    random_layer, completions = greedy_counters(fast_engine_url, PROMPTS, MAX_TOKENS)
     assert random_layer.draft_tokens > 0  # the CPU build drafts with the MTP layer
     assert random_layer.acceptance_rate < 0.1
 
     trained = _train_mtp(tiny_model, completions, tmp_path / "trained")
-    pushed = _with_mtp_of(tiny_model, trained, tmp_path / "base-with-trained-mtp")
+    pushed = graft_mtp_layers(tiny_model, trained, tmp_path / "base-with-trained-mtp")
     gate = PolicyVersionGate(redis.Redis.from_url(redis_url), prefix=f"mtp-{uuid.uuid4().hex}")
     VllmWeightSync([fast_engine_url], gate).push(pushed)
 
     # The target model is the one the completions came from; only the drafter changed.
     assert _target_digests(fast_engine_url) == target
-    trained_layer, _ = _greedy(fast_engine_url)
+    trained_layer, _ = greedy_counters(fast_engine_url, PROMPTS, MAX_TOKENS)
     assert trained_layer.acceptance_rate > 0.2, trained_layer
