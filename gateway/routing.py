@@ -49,11 +49,12 @@ SESSION_ENTRIES = 100_000
 @dataclass(frozen=True)
 class PrefixKey:
     """A request's prompt as chained hashes (``hashes[i]`` covers blocks 0..i, ``sizes[i]``
-    bytes) and its session, if the client named one."""
+    bytes) and a digest of its session, if the client named one (the digest, not the name:
+    a client's header must not decide how much memory the table holds)."""
 
     hashes: tuple[bytes, ...]
     sizes: tuple[int, ...]
-    session: str | None = None
+    session: bytes | None = None
 
 
 def _chain(blocks: Iterable[bytes], session: str | None, seed: bytes = b"") -> PrefixKey:
@@ -67,7 +68,8 @@ def _chain(blocks: Iterable[bytes], session: str | None, seed: bytes = b"") -> P
         size += len(block)
         hashes.append(running.copy().digest())
         sizes.append(size)
-    return PrefixKey(tuple(hashes), tuple(sizes), session)
+    named = None if session is None else hashlib.blake2b(session.encode(), digest_size=16).digest()
+    return PrefixKey(tuple(hashes), tuple(sizes), named)
 
 
 def chat_key(
@@ -110,7 +112,7 @@ def recorded_depths(blocks: int) -> list[int]:
     return depths
 
 
-K = TypeVar("K", str, bytes)
+K = TypeVar("K")
 
 
 class _Lru(OrderedDict[K, R]):
@@ -130,7 +132,7 @@ class PrefixTable(Generic[R]):
 
     def __init__(self, entries: int = TABLE_ENTRIES, sessions: int = SESSION_ENTRIES) -> None:
         self._prefixes: _Lru[bytes, R] = _Lru(entries)
-        self._sessions: _Lru[str, R] = _Lru(sessions)
+        self._sessions: _Lru[bytes, R] = _Lru(sessions)
 
     def __len__(self) -> int:
         return len(self._prefixes)

@@ -150,3 +150,6 @@ def test_the_table_is_bounded() -> None:
         table.record(key, "replica")
     assert len(table) == 100
     assert len(table._sessions) == 10
+    # A session is kept as a digest: a 30 KB x-session-id costs the table 16 bytes.
+    table.record(prefix_key(chat(SYSTEM), "s" * 30_000), "replica")
+    assert all(len(session) == 16 for session in table._sessions)
