@@ -9,9 +9,10 @@ check and answers every POST with 503 on a kept-alive connection, as an overload
 does, so the gateway's retry of a 5xx on another replica can be tested. With ``--hang``
 it is a replica whose engine has stalled: healthy, and it never answers a POST, so every
 request sent to it holds its engine slot. With
-``--stall-after BYTES`` it stops relaying an event stream after that many bytes: a test
-that kills it "mid-stream" then knows the stream cannot have finished already (a fast
-engine can otherwise generate the whole answer into socket buffers before the kill).
+``--stall-after BYTES`` it stops relaying an event stream after that many bytes and prints
+``stalled`` once they have left it: a test that kills it "mid-stream" then knows the
+stream cannot have finished already (a fast engine can otherwise generate the whole answer
+into socket buffers before the kill).
 """
 
 from __future__ import annotations
@@ -34,8 +35,10 @@ async def pipe(
                     streamed = 0
                 if streamed is not None:
                     if streamed + len(data) > stall_after:
-                        data = data[: max(0, stall_after - streamed)]
-                        writer.write(data)
+                        writer.write(data[: max(0, stall_after - streamed)])
+                        while writer.transport.get_write_buffer_size():
+                            await asyncio.sleep(0.01)
+                        print("stalled", flush=True)  # its bytes are in the peer's kernel
                         await asyncio.Event().wait()  # until the process is killed
                     streamed += len(data)
             writer.write(data)

@@ -128,6 +128,25 @@ class Forwarder:
         assert self.process.stdout is not None
         assert self.process.stdout.readline().strip() == "ready"
 
+    def wait_stalled(self) -> None:
+        """Until a forwarder made with ``stall_after`` has relayed its bytes and stalled."""
+        assert self.process.stdout is not None
+        while (line := self.process.stdout.readline()) and line.strip() != "stalled":
+            pass
+        assert line, "the forwarder ended before it stalled"
+
+    def unread_by_clients(self) -> int:
+        """Bytes this forwarder sent that its clients' processes have not read yet: the
+        receive queues of this machine's TCP sockets connected to its port."""
+        unread = 0
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            with open(table) as rows:
+                for row in list(rows)[1:]:
+                    fields = row.split()
+                    if int(fields[2].rsplit(":", 1)[1], 16) == self.port:
+                        unread += int(fields[4].split(":")[1], 16)
+        return unread
+
     def kill(self) -> None:
         self.process.kill()
         self.process.wait(timeout=10)
