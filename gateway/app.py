@@ -33,7 +33,7 @@ from gateway.errors import (
     http_exception_handler,
     validation_error_handler,
 )
-from gateway.generation import CHAT, COMPLETIONS, GenerationHandler
+from gateway.generation import CHAT, COMPLETIONS, RESPONSES, GenerationHandler
 from gateway.keys import KeyStore
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import ListenerGuard, RequestContextMiddleware
@@ -179,8 +179,12 @@ def _add_generation_routes(app: FastAPI, generation: GenerationHandler) -> None:
 
     # The hot routes are plain Starlette routes: the protocol models validate the body
     # themselves, so FastAPI's per-request dependency solving would be pure overhead.
+    async def responses(request: Request) -> Response:
+        return await generation.handle(request, RESPONSES)
+
     app.add_route(CHAT.path, chat_completions, methods=["POST"])
     app.add_route(COMPLETIONS.path, completions, methods=["POST"])
+    app.add_route(RESPONSES.path, responses, methods=["POST"])
 
 
 def _add_account_routes(app: FastAPI, auth: Authenticator, usage: UsageReader) -> None:

@@ -1,4 +1,5 @@
-"""``/v1/chat/completions`` and ``/v1/completions``: auth, validation, tier, admission, relay.
+"""``/v1/chat/completions``, ``/v1/completions`` and ``/v1/responses`` (served as the chat
+completion it translates to: gateway.responses): auth, validation, tier, admission, relay.
 
 The request body is validated once by pydantic (in Rust) and the upstream body is
 serialised once from the validated model. vLLM is always asked for a stream with
@@ -55,9 +56,12 @@ from gateway.protocol import (
     parse_request,
 )
 from gateway.relay import Exchange, Relay
+from gateway.responses.events import ResponseEventWriter
+from gateway.responses.output import ResponseAssembler
+from gateway.responses.protocol import ResponsesRequest, as_responses_error
 from gateway.routing import PrefixKey, chat_key, text_key
 from gateway.settings import GatewaySettings
-from gateway.sse import StreamRewriter
+from gateway.sse import EventWriter, StreamRewriter
 from gateway.tiers import TierRoute, TierRouter
 from serving.tiers import TIERS, Tier
 
@@ -98,11 +102,15 @@ class Shape:
 @dataclass(frozen=True)
 class Endpoint:
     path: str
-    model: type[SamplingParams]
+    model: type[SamplingParams | ResponsesRequest]
+    #: vLLM's route that serves it.
+    upstream_path: str
 
 
-CHAT = Endpoint("/v1/chat/completions", ChatCompletionRequest)
-COMPLETIONS = Endpoint("/v1/completions", CompletionRequest)
+CHAT = Endpoint("/v1/chat/completions", ChatCompletionRequest, "/v1/chat/completions")
+COMPLETIONS = Endpoint("/v1/completions", CompletionRequest, "/v1/completions")
+#: Served as the chat completion it translates to (gateway.responses).
+RESPONSES = Endpoint("/v1/responses", ResponsesRequest, "/v1/chat/completions")
 
 
 class GenerationHandler:
@@ -125,10 +133,15 @@ class GenerationHandler:
         deadline = asyncio.get_running_loop().time() + self._settings.max_request_duration_s
         principal = await self._auth.authenticate(request.headers.get("authorization"))
         body = await read_body(request, self._settings.max_body_bytes)
-        parsed = parse_request(endpoint.model, body)
+        source = parse_request(endpoint.model, body)
+        responses = source if isinstance(source, ResponsesRequest) else None
+        parsed = source if isinstance(source, SamplingParams) else source.to_chat()
         route = self._router.resolve(parsed.model, parsed.service_tier, principal.default_tier)
         request.scope[TIER] = route.tier
-        shape = self.shape(parsed, route, len(body))
+        try:
+            shape = self.shape(parsed, route, len(body))
+        except GatewayError as exc:
+            raise exc if responses is None else as_responses_error(exc) from None
         request_id: str = request.scope[REQUEST_ID]
         admission_request = AdmissionRequest(
             request_id=request_id,
@@ -160,27 +173,37 @@ class GenerationHandler:
         )
         # A text completion's choice i answers prompt i // n; a chat has a single prompt.
         per_prompt = shape.n if isinstance(parsed, CompletionRequest) else None
+        created = int(exchange.started_at.timestamp())
+        path = endpoint.upstream_path
         try:
             if parsed.stream:
-                options = parsed.stream_options
-                rewriter = StreamRewriter(
-                    route.public_model,
-                    route.tier,
-                    include_usage=bool(options and options.include_usage),
-                    continuous_usage=bool(options and options.continuous_usage_stats),
-                    choices_per_prompt=per_prompt,
-                )
+                writer: EventWriter
+                if responses is not None:
+                    writer = ResponseEventWriter(
+                        responses, request_id, created, route.public_model, route.tier
+                    )
+                else:
+                    options = parsed.stream_options
+                    writer = StreamRewriter(
+                        route.public_model,
+                        route.tier,
+                        include_usage=bool(options and options.include_usage),
+                        continuous_usage=bool(options and options.continuous_usage_stats),
+                        choices_per_prompt=per_prompt,
+                    )
                 response = await self._relay.stream(
-                    exchange, request.receive, endpoint.path, shape.upstream_body, rewriter
+                    exchange, request.receive, path, shape.upstream_body, writer
                 )
             else:
-                assembler: Assembler = (
-                    ChatAssembler(parsed.tool_choice)
-                    if isinstance(parsed, ChatCompletionRequest)
-                    else CompletionAssembler(per_prompt)
-                )
+                assembler: Assembler
+                if responses is not None:
+                    assembler = ResponseAssembler(responses, request_id, created)
+                elif isinstance(parsed, ChatCompletionRequest):
+                    assembler = ChatAssembler(parsed.tool_choice)
+                else:
+                    assembler = CompletionAssembler(per_prompt)
                 response = await self._relay.complete(
-                    exchange, request.receive, endpoint.path, shape.upstream_body, assembler
+                    exchange, request.receive, path, shape.upstream_body, assembler
                 )
         except GatewayError as exc:
             exc.headers = {**admission.headers, **exc.headers, TIER_HEADER: route.tier}

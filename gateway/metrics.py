@@ -18,7 +18,7 @@ import os
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 
-ROUTES = ("chat", "completions", "models", "usage", "other")
+ROUTES = ("chat", "completions", "responses", "models", "usage", "other")
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 

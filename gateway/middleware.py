@@ -28,6 +28,7 @@ TIER = "cstack.tier"
 ROUTES = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completions",
+    "/v1/responses": "responses",
     "/v1/models": "models",
     "/v1/usage": "usage",
 }

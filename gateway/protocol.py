@@ -288,7 +288,7 @@ class CompletionRequest(SamplingParams):
     suffix: None = refused("vLLM has no insertion mode (text after the completion)")
 
 
-RequestT = TypeVar("RequestT", bound=SamplingParams)
+RequestT = TypeVar("RequestT", bound=BaseModel)
 
 
 def parse_request(model: type[RequestT], body: bytes) -> RequestT:
@@ -299,7 +299,7 @@ def parse_request(model: type[RequestT], body: bytes) -> RequestT:
         raise validation_to_error(exc, model) from None
 
 
-def field_policy(model: type[SamplingParams]) -> dict[str, Policy]:
+def field_policy(model: type[BaseModel]) -> dict[str, Policy]:
     """Every top-level field ``model`` accepts, with its policy (see the module docstring)."""
     return {name: _policy(info) for name, info in model.model_fields.items()}
 
@@ -312,7 +312,7 @@ def _policy(info: FieldInfo) -> Policy:
 
 
 @cache
-def _refusals(model: type[SamplingParams]) -> dict[str, str]:
+def _refusals(model: type[BaseModel]) -> dict[str, str]:
     return {
         name: info.description or "not supported"
         for name, info in model.model_fields.items()
@@ -320,9 +320,7 @@ def _refusals(model: type[SamplingParams]) -> dict[str, str]:
     }
 
 
-def validation_to_error(
-    exc: ValidationError, model: type[SamplingParams] | None = None
-) -> GatewayError:
+def validation_to_error(exc: ValidationError, model: type[BaseModel] | None = None) -> GatewayError:
     errors = exc.errors(include_url=False)
     refusals = _refusals(model) if model is not None else {}
     # A field no policy admits is named before any other error of the body: it is what a
@@ -368,4 +366,8 @@ def param_path(loc: tuple[int | str, ...]) -> str:
     return path
 
 
-_UNION_TAGS = {"str", "int", "float", "bool", "NamedToolChoice", "TextPart", "[key]"}
+_UNION_TAGS = {"str", "int", "float", "bool", "NamedToolChoice", "TextPart", "[key]",
+               # gateway.responses' input items and tool choices
+               "input_message", "input_function_call", "input_function_call_output",
+               "input_reasoning", "string", "list",
+               "FunctionChoice", "InputText"}  # fmt: skip

@@ -31,7 +31,7 @@ from gateway.errors import GatewayError, upstream_unavailable
 from gateway.http1 import UpstreamCut, UpstreamReadTimeout
 from gateway.metrics import GatewayMetrics
 from gateway.routing import PrefixKey
-from gateway.sse import StreamRewriter, error_event
+from gateway.sse import EventWriter
 from gateway.tiers import TierRoute
 from gateway.upstream import (
     NoUpstreamAvailable,
@@ -268,7 +268,7 @@ class Relay:
         )
 
     async def stream(
-        self, exchange: Exchange, receive: Receive, path: str, body: bytes, rewriter: StreamRewriter
+        self, exchange: Exchange, receive: Receive, path: str, body: bytes, rewriter: EventWriter
     ) -> Response:
         try:
             upstream = await until_disconnect(receive, self.open(exchange, path, body))
@@ -291,7 +291,7 @@ class Relay:
         self,
         exchange: Exchange,
         upstream: UpstreamResponse,
-        rewriter: StreamRewriter,
+        rewriter: EventWriter,
         send_event: SendEvent,
     ) -> None:
         pool = self._pools[exchange.route.tier]
@@ -313,7 +313,7 @@ class Relay:
             except TimeoutError:
                 outcome = "max_duration"
                 ended = max_duration_exceeded(exchange)
-                await send_event(error_event(ended.message, MAX_DURATION_CODE))
+                await send_event(rewriter.error_event(ended.message, MAX_DURATION_CODE))
                 return
             except (UpstreamCut, UpstreamReadTimeout) as exc:
                 if isinstance(exc, UpstreamReadTimeout):
@@ -322,14 +322,14 @@ class Relay:
                 else:
                     pool.count_error("stream_cut")
                     message, code = "upstream failed mid-stream", "upstream_stream_cut"
-                await send_event(error_event(message, code))
+                await send_event(rewriter.error_event(message, code))
                 return
             if rewriter.done and not rewriter.failed:
                 outcome = "complete"
             elif not rewriter.failed:
                 pool.count_error("stream_cut")
                 await send_event(
-                    error_event("upstream ended the stream early", "upstream_stream_cut")
+                    rewriter.error_event("upstream ended the stream early", "upstream_stream_cut")
                 )
         except (asyncio.CancelledError, OSError):
             if outcome != "max_duration":

@@ -15,7 +15,7 @@ is rewritten whole: its ``code`` is a number.)
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import pydantic_core
 
@@ -111,6 +111,29 @@ def event_payload(event: bytes) -> bytes | None:
     return event[5:].strip()
 
 
+class EventWriter(Protocol):
+    """What the relay needs of a stream's writer: ``StreamRewriter`` for chat and text
+    completions, ``gateway.responses.events.ResponseEventWriter`` for responses."""
+
+    #: The upstream stream ended with ``[DONE]``.
+    done: bool
+    #: vLLM sent an error event in the stream.
+    failed: bool
+
+    @property
+    def usage(self) -> dict[str, Any]:
+        """The usage so far, in chat's shape: what billing settles on."""
+        ...
+
+    def feed(self, raw: bytes) -> list[bytes]:
+        """Split raw upstream bytes into events; return the events to send on."""
+        ...
+
+    def error_event(self, message: str, code: str) -> bytes:
+        """The event that ends a stream the gateway cuts (``code``: why)."""
+        ...
+
+
 class StreamRewriter:
     def __init__(
         self,
@@ -144,6 +167,9 @@ class StreamRewriter:
             if rewritten is not None:
                 out.append(rewritten)
         return out
+
+    def error_event(self, message: str, code: str) -> bytes:
+        return error_event(message, code)
 
     def rewrite(self, event: bytes) -> bytes | None:
         payload = event_payload(event)
