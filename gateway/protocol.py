@@ -165,15 +165,19 @@ class JsonSchemaFormat(OpenAIModel):
     @field_validator("json_schema")
     @classmethod
     def _valid_schema(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
-        """A schema that is not one is the caller's error (vLLM would answer 500)."""
-        if schema is not None:
-            try:
-                Draft202012Validator.check_schema(schema)
-            except SchemaError as exc:
-                raise ValueError(f"not a valid JSON schema: {exc.message}") from None
-            except RecursionError:
-                raise ValueError("the JSON schema is nested too deeply") from None
-        return schema
+        return check_json_schema(schema)
+
+
+def check_json_schema(schema: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A schema that is not one is the caller's error (vLLM would answer 500)."""
+    if schema is not None:
+        try:
+            Draft202012Validator.check_schema(schema)
+        except SchemaError as exc:
+            raise ValueError(f"not a valid JSON schema: {exc.message}") from None
+        except RecursionError:
+            raise ValueError("the JSON schema is nested too deeply") from None
+    return schema
 
 
 class ResponseFormat(OpenAIModel):
@@ -331,7 +335,7 @@ def validation_to_error(exc: ValidationError, model: type[BaseModel] | None = No
     )
     if first["type"] == "json_invalid":
         return bad_request(f"request body is not valid JSON: {first['msg']}", code="invalid_json")
-    if first["type"] == "model_type":
+    if first["type"] == "model_type" and not first["loc"]:
         return bad_request("request body must be a JSON object", code="invalid_json")
     top = _top(first["loc"])
     if first["type"] == "extra_forbidden":

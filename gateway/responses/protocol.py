@@ -6,17 +6,27 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from gateway.errors import GatewayError, bad_request
 from gateway.protocol import (
     INT64_MAX,
     ChatCompletionRequest,
-    JsonSchemaFormat,
     Metadata,
     OpenAIModel,
     PromptCacheOptions,
     ReasoningEffort,
+    check_json_schema,
     ignored,
     refused,
 )
@@ -117,6 +127,17 @@ class TextFormat(OpenAIModel):
     strict: bool | None = None
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True, allow_inf_nan=False)
+
+    @field_validator("json_schema")
+    @classmethod
+    def _valid_schema(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
+        return check_json_schema(schema)
+
+    @model_validator(mode="after")
+    def _named_schema(self) -> TextFormat:
+        if self.type == "json_schema" and self.name is None:
+            raise PydanticCustomError("missing", "name: required for a json_schema format")
+        return self
 
 
 class TextConfig(OpenAIModel):
@@ -253,12 +274,9 @@ def text_of(content: str | list[InputText]) -> str:
 def response_format(text_format: TextFormat) -> dict[str, Any]:
     if text_format.type != "json_schema":
         return {"type": text_format.type}
-    if text_format.name is None:
-        raise bad_request("text.format.name: required for json_schema", param="text.format.name")
-    schema = JsonSchemaFormat.model_validate(
-        text_format.model_dump(include={"name", "description", "json_schema", "strict"})
-    )
-    return {"type": "json_schema", "json_schema": schema.model_dump(exclude_none=True)}
+    fields = {"name", "description", "json_schema", "strict"}
+    schema = text_format.model_dump(include=fields, exclude_none=True, by_alias=True)
+    return {"type": "json_schema", "json_schema": schema}
 
 
 def as_responses_error(exc: GatewayError) -> GatewayError:

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from openai.types.responses import Response, ResponseStreamEvent
 from openai.types.responses import response_create_params as responses_params
 from pydantic import TypeAdapter
@@ -151,6 +153,43 @@ def test_what_cannot_be_served_is_a_400_naming_it(
 ) -> None:
     error = refusal(**{"input": "x", **fields})
     assert (error.param, error.code) == (param, code), error.message
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3)
+    ),
+    max_leaves=8,
+)
+ITEMS = st.sampled_from(
+    [
+        {"role": "user", "content": "hi"},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "a"}]},
+        {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c", "output": "42"},
+        {"type": "reasoning", "summary": []},
+        {"type": "input_file", "file_id": "f"},
+    ]
+)
+FIELD_VALUES = {
+    "input": st.text(max_size=8) | st.lists(ITEMS | JSON, max_size=4),
+    "text": st.fixed_dictionaries({"format": JSON, "verbosity": JSON}) | JSON,
+    "tools": st.lists(st.fixed_dictionaries({"type": JSON, "name": JSON}) | JSON, max_size=2),
+    "tool_choice": JSON,
+    "reasoning": st.fixed_dictionaries({"effort": JSON}) | JSON,
+    **{name: JSON for name in ("max_output_tokens", "temperature", "metadata", "store", "user")},
+}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.fixed_dictionaries({}, optional=FIELD_VALUES))
+def test_whatever_a_client_sends_is_a_chat_request_or_a_400(fields: dict[str, Any]) -> None:
+    body = json.dumps({"model": "composer-2.5", "input": "x", **fields}).encode()
+    try:
+        parse_request(ResponsesRequest, body).to_chat()
+    except GatewayError as error:
+        assert error.status_code == 400 and error.param, error.message
 
 
 def test_store_false_and_an_input_of_only_reasoning() -> None:
