@@ -1,6 +1,6 @@
 """Tokens generated before a request ends early are billed, against the real vLLM: a client
 that hangs up on a non-streaming request, a stream of several choices cut short, and a
-request ended at the gateway's maximum duration (streaming or not)."""
+request ended at the gateway's maximum duration (streaming or not, chat or responses)."""
 
 from __future__ import annotations
 
@@ -146,3 +146,31 @@ def test_a_request_at_its_maximum_duration_ends_and_pays_what_was_generated(
     assert [u.outcome for u in settled] == ["max_duration", "max_duration"]
     assert all(0 < u.completion_tokens < 1500 for u in settled)
     assert all(a.max_duration_s == MAX_DURATION_S for a in meter.admitted)
+
+
+def test_a_responses_stream_at_its_maximum_duration_fails_and_pays_what_was_generated(
+    start_gateway: Callable[..., GatewayServer],
+    forwarders: Callable[..., Forwarder],
+    vllm_url: str,
+    api_key: str,
+) -> None:
+    """The Responses API's stream ends as OpenAI's fail: ``response.failed``, its Response
+    carrying the error and the usage billed until the stall."""
+    stalled = forwarders(stall_after=3000)
+    meter = RecordingMeter()
+    gateway = start_gateway(
+        meter=meter, upstream_url=stalled.url, max_request_duration_s=MAX_DURATION_S
+    )
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=api_key, max_retries=0)
+    idle = lambda: vllm_metric(vllm_url, "vllm:num_requests_running") == 0  # noqa: E731
+    wait_until(idle, "vLLM to finish earlier tests' requests")
+    with client.responses.stream(
+        model="composer-2.5", input="Tell a long story.", max_output_tokens=1500
+    ) as stream:
+        events = list(stream)
+    assert events[0].type == "response.created" and events[-1].type == "response.failed"
+    failed = events[-1].response
+    assert failed.error is not None and "max_duration_exceeded" in failed.error.message
+    [usage] = meter.wait_settled(1)
+    assert usage.outcome == "max_duration"
+    assert failed.usage is not None and failed.usage.output_tokens == usage.completion_tokens
