@@ -177,11 +177,11 @@ def _add_generation_routes(app: FastAPI, generation: GenerationHandler) -> None:
     async def completions(request: Request) -> Response:
         return await generation.handle(request, COMPLETIONS)
 
-    # The hot routes are plain Starlette routes: the protocol models validate the body
-    # themselves, so FastAPI's per-request dependency solving would be pure overhead.
     async def responses(request: Request) -> Response:
         return await generation.handle(request, RESPONSES)
 
+    # The hot routes are plain Starlette routes: the protocol models validate the body
+    # themselves, so FastAPI's per-request dependency solving would be pure overhead.
     app.add_route(CHAT.path, chat_completions, methods=["POST"])
     app.add_route(COMPLETIONS.path, completions, methods=["POST"])
     app.add_route(RESPONSES.path, responses, methods=["POST"])
