@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
 
 import openai
 
+from training.rollouts.request import ReasoningEffort, Verbosity
 from training.trajectory import ToolCall
-
-ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
-Verbosity = Literal["low", "medium", "high"]
 
 
 class PolicyResponseError(RuntimeError):

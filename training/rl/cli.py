@@ -17,7 +17,7 @@ import typer
 
 from training.feedback import FeedbackConfigError, load_feedback_config
 from training.options import build_config, check_choices, cli_options, typer_command
-from training.rl.config import SessionConfig
+from training.rl.config import SessionConfig, parse_task_styles
 
 SESSION_OPTIONS = cli_options(SessionConfig)
 
@@ -39,7 +39,8 @@ def _rl(values: dict[str, Any]) -> None:
 
 def _checked_config(values: dict[str, Any]) -> SessionConfig:
     """The session config from the flags, refused (before anything starts) when the
-    environment, its tasks or the feedback file are wrong; paths made absolute."""
+    environment, its tasks, a task style or the feedback file are wrong; paths made
+    absolute."""
     error = check_choices(SESSION_OPTIONS, values)
     if error:
         raise typer.BadParameter(error)
@@ -52,6 +53,10 @@ def _checked_config(values: dict[str, Any]) -> SessionConfig:
         raise typer.BadParameter(
             f"no task.json for {missing[0]!r} in {config.task_dir}", param_hint="--task"
         )
+    try:
+        parse_task_styles(config.task_styles, config.rollout_task_ids)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--task-style") from None
     feedback_file = config.feedback_file.resolve()
     try:
         load_feedback_config(feedback_file)  # a bad file fails here, before anything starts

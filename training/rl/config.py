@@ -7,13 +7,16 @@ Nothing here imports torch: ``training.rl.cli`` builds `cstack rl`'s options fro
 
 from __future__ import annotations
 
+import typing
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from training.feedback import DEFAULT_FEEDBACK_FILE, TextFeedbackConfig
 from training.options import option
+from training.rollouts.request import ReasoningEffort, TaskStyle, Verbosity
 
 Normalisation = Literal["token", "sequence"]
 
@@ -33,6 +36,46 @@ class GRPOConfig:
 
 
 ENVIRONMENTS = ("digits", "toolchoice", "coding")
+REASONING_EFFORTS: tuple[str, ...] = typing.get_args(ReasoningEffort)
+VERBOSITIES: tuple[str, ...] = typing.get_args(Verbosity)
+
+
+def default_task_ids(environment: str) -> tuple[str, ...]:
+    """The tasks a run trains on when no ``--task`` is given (coding requires ``--task``)."""
+    prefix = "tools" if environment == "toolchoice" else environment
+    return tuple(f"{prefix}-{i}" for i in range(4))
+
+
+def parse_task_styles(specs: Sequence[str], task_ids: Sequence[str]) -> dict[str, TaskStyle]:
+    """``--task-style`` values, ``TASK=EFFORT[,VERBOSITY]`` (an empty EFFORT leaves it
+    unsent), by task id; a ValueError names the first bad one in one line."""
+    styles: dict[str, TaskStyle] = {}
+    for spec in specs:
+        task_id, equals, style = (part.strip() for part in spec.partition("="))
+        knobs = [knob.strip() for knob in style.split(",")]
+        if not equals or not task_id or len(knobs) > 2:
+            raise ValueError(f"{spec!r} is not TASK=EFFORT[,VERBOSITY]")
+        if task_id not in task_ids:
+            raise ValueError(
+                f"{spec!r}: {task_id!r} is not a task of this run ({', '.join(task_ids)})"
+            )
+        if task_id in styles:
+            raise ValueError(f"{spec!r}: {task_id!r} already has a style")
+        effort, verbosity = knobs if len(knobs) == 2 else (knobs[0], "")
+        if effort and effort not in REASONING_EFFORTS:
+            raise ValueError(
+                f"{spec!r}: effort {effort!r} is not one of {', '.join(REASONING_EFFORTS)}"
+            )
+        if verbosity and verbosity not in VERBOSITIES:
+            raise ValueError(
+                f"{spec!r}: verbosity {verbosity!r} is not one of {', '.join(VERBOSITIES)}"
+            )
+        if not effort and not verbosity:
+            raise ValueError(f"{spec!r} sets neither an effort nor a verbosity")
+        styles[task_id] = TaskStyle.model_validate(
+            {"reasoning_effort": effort or None, "verbosity": verbosity or None}
+        )
+    return styles
 
 
 @dataclass(frozen=True)
@@ -50,6 +93,13 @@ class SessionConfig:
     task_dir: Path = option(
         Path(".cstack/tasks"), "Where `cstack tasks build --out` wrote the coding tasks."
     )
+    task_styles: tuple[str, ...] = option(
+        (), "Per task: the reasoning effort and verbosity its rollouts ask the serving stack "
+        "for, as TASK=EFFORT[,VERBOSITY], e.g. digits-0=low,high (repeatable; TASK=,VERBOSITY "
+        "sends only the verbosity; tasks without one send neither). "
+        f"EFFORT: {', '.join(REASONING_EFFORTS)}; VERBOSITY: {', '.join(VERBOSITIES)}.",
+        flag="task_style",
+    )  # fmt: skip
     group_size: int = option(4, "Rollouts per task per GRPO group.")
     groups_per_step: int = option(2, "Task groups per optimizer step.")
     feedback: bool = option(True, "Targeted text feedback (hint KL).")
@@ -79,6 +129,16 @@ class SessionConfig:
     out: Path = option(Path(".cstack/rl"), "Weights, logs and the step report.")
     #: Names this run's rollout queue and trajectory stream (not an option).
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+
+    @property
+    def rollout_task_ids(self) -> tuple[str, ...]:
+        """The tasks this run trains on: ``--task``, else the environment's defaults."""
+        return self.task_ids or default_task_ids(self.environment)
+
+    @property
+    def styles(self) -> dict[str, TaskStyle]:
+        """``task_styles`` parsed (ValueError when one is bad: the CLI checks first)."""
+        return parse_task_styles(self.task_styles, self.rollout_task_ids)
 
     @property
     def feedback_file(self) -> Path:

@@ -37,11 +37,6 @@ from training.settings import TrainingSettings
 from training.trainer import Trainer
 
 
-def _default_tasks(environment: str) -> tuple[str, ...]:
-    prefix = "tools" if environment == "toolchoice" else environment
-    return tuple(f"{prefix}-{i}" for i in range(4))
-
-
 class _Display:
     """The live table: the last 15 step reports under a title that says what is going on."""
 
@@ -191,7 +186,7 @@ class RlSession:
                                                  queue=self.queue),
             config=LoopConfig(
                 environment=c.environment,
-                task_ids=c.task_ids or _default_tasks(c.environment),
+                task_ids=c.rollout_task_ids, task_styles=c.styles,
                 groups_per_step=c.groups_per_step, queued_groups=2 * c.groups_per_step,
                 export_dir=c.out / "weights", grpo=grpo, sampling_seed=c.seed,
             ),

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel
 
-from training.agent.client import ReasoningEffort, Verbosity
+#: The gateway's chat knobs (OpenAI's values). Defined here, not in ``training.agent``, so
+#: that `cstack rl`'s options can name them without importing the OpenAI client.
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+Verbosity = Literal["low", "medium", "high"]
 
 
 class TaskStyle(BaseModel):
