@@ -22,6 +22,7 @@ from gateway.errors import GatewayError, bad_request
 from gateway.protocol import (
     INT64_MAX,
     ChatCompletionRequest,
+    FunctionDefinition,
     Metadata,
     OpenAIModel,
     PromptCacheOptions,
@@ -96,15 +97,23 @@ InputItem = Annotated[
 ]
 
 
-class FunctionTool(OpenAIModel):
-    """The models call functions only: web search, file search, code interpreter, MCP and
-    the other hosted tools are a 400 naming the tool."""
+class FunctionTool(FunctionDefinition):
+    """Chat's function definition with its ``type`` beside it. The models call functions
+    only: web search, file search, MCP and the other hosted tools are a 400 naming it."""
 
     type: Literal["function"]
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _function_only(cls, data: Any) -> Any:
+        kind = data.get("type") if isinstance(data, dict) else None
+        if isinstance(kind, str) and kind != "function":
+            raise PydanticCustomError(
+                "unsupported_tool",
+                "{kind} tools are not supported: the models call only function tools",
+                {"kind": kind[:64]},
+            )
+        return data
 
 
 class FunctionChoice(OpenAIModel):

@@ -46,6 +46,7 @@ async def test_responses_are_metered_into_the_ledger_and_usage(
         input="Say hello.",
         reasoning={"effort": "minimal"},
         max_output_tokens=20,
+        temperature=0,  # greedy: the same thinking every run (responses take no seed)
     )
     with client.responses.stream(
         model="composer-2.5", input="Tell a story.", max_output_tokens=9, service_tier="default"

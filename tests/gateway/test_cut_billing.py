@@ -96,28 +96,41 @@ def test_a_stream_of_several_choices_cut_short_bills_every_choice(
     assert 60 <= usage.completion_tokens < 3 * 1500
 
 
-def test_a_request_at_its_maximum_duration_ends_and_pays_what_was_generated(
+@pytest.fixture
+def stalling(
     start_gateway: Callable[..., GatewayServer],
     forwarders: Callable[..., Forwarder],
     vllm_url: str,
     api_key: str,
-) -> None:
-    """The upstream stalls (a hung engine that keeps the connection): the gateway ends the
-    request at CSTACK_MAX_REQUEST_DURATION_S, streaming or not, and bills the tokens that
-    came before the stall."""
+) -> tuple[GatewayServer, openai.OpenAI, RecordingMeter]:
+    """A gateway ending requests at MAX_DURATION_S, its SDK client and its meter, in front
+    of an upstream that stalls after its first events (a hung engine that keeps the
+    connection), once vLLM is idle.
+
+    vLLM answers slowly while it still runs a request whose client stopped reading: each
+    request starts on an idle engine, so that its first tokens come before its deadline.
+    The deadline leaves room for a busy 2-core machine: at 3 s, a request's first token
+    came after it once in ~10 runs (the role chunk only, so 0 tokens billed, rightly)."""
     stalled = forwarders(stall_after=3000)
     meter = RecordingMeter()
     gateway = start_gateway(
         meter=meter, upstream_url=stalled.url, max_request_duration_s=MAX_DURATION_S
     )
     client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=api_key, max_retries=0)
-    # vLLM answers slowly while it still runs a request whose client stopped reading: each
-    # request starts on an idle engine, so that its first tokens come before its deadline.
-    # The deadline leaves room for a busy 2-core machine: at 3 s, a request's first token
-    # came after it once in ~10 runs (the role chunk only, so 0 tokens billed, rightly).
-    idle = lambda: vllm_metric(vllm_url, "vllm:num_requests_running") == 0  # noqa: E731
-    wait_until(idle, "vLLM to finish earlier tests' requests")
+    wait_until(lambda: vllm_idle(vllm_url), "vLLM to finish earlier tests' requests")
+    return gateway, client, meter
 
+
+def vllm_idle(vllm_url: str) -> bool:
+    return vllm_metric(vllm_url, "vllm:num_requests_running") == 0
+
+
+def test_a_request_at_its_maximum_duration_ends_and_pays_what_was_generated(
+    stalling: tuple[GatewayServer, openai.OpenAI, RecordingMeter], vllm_url: str, api_key: str
+) -> None:
+    """The upstream stalls: the gateway ends the request at CSTACK_MAX_REQUEST_DURATION_S,
+    streaming or not, and bills the tokens that came before the stall."""
+    gateway, client, meter = stalling
     stream = client.chat.completions.create(
         model="composer-2.5",
         messages=MESSAGES,  # type: ignore[arg-type]
@@ -130,7 +143,7 @@ def test_a_request_at_its_maximum_duration_ends_and_pays_what_was_generated(
             pass
     assert ended.value.code == "max_duration_exceeded"
 
-    wait_until(idle, "vLLM to abort the stalled stream")
+    wait_until(lambda: vllm_idle(vllm_url), "vLLM to abort the stalled stream")
     response = httpx.post(
         f"{gateway.url}/v1/chat/completions",
         json=ENDLESS,
@@ -149,23 +162,15 @@ def test_a_request_at_its_maximum_duration_ends_and_pays_what_was_generated(
 
 
 def test_a_responses_stream_at_its_maximum_duration_fails_and_pays_what_was_generated(
-    start_gateway: Callable[..., GatewayServer],
-    forwarders: Callable[..., Forwarder],
-    vllm_url: str,
-    api_key: str,
+    stalling: tuple[GatewayServer, openai.OpenAI, RecordingMeter],
 ) -> None:
     """The Responses API's stream ends as OpenAI's fail: ``response.failed``, its Response
     carrying the error and the usage billed until the stall."""
-    stalled = forwarders(stall_after=3000)
-    meter = RecordingMeter()
-    gateway = start_gateway(
-        meter=meter, upstream_url=stalled.url, max_request_duration_s=MAX_DURATION_S
-    )
-    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=api_key, max_retries=0)
-    idle = lambda: vllm_metric(vllm_url, "vllm:num_requests_running") == 0  # noqa: E731
-    wait_until(idle, "vLLM to finish earlier tests' requests")
+    _, client, meter = stalling
+    # Greedy: the tiny model's answer to this prompt runs past the forwarder's stall (a
+    # sampled one could end at the end-of-text token first; responses have no ignore_eos).
     with client.responses.stream(
-        model="composer-2.5", input="Tell a long story.", max_output_tokens=1500
+        model="composer-2.5", input="Tell a long story.", max_output_tokens=1500, temperature=0
     ) as stream:
         events = list(stream)
     assert events[0].type == "response.created" and events[-1].type == "response.failed"

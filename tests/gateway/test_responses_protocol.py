@@ -139,7 +139,7 @@ def test_the_readme_lists_every_field_under_its_policy() -> None:
         ({"background": True}, "background", "unsupported_parameter"),
         ({"truncation": "auto"}, "truncation", "unsupported_parameter"),
         ({"max_tokens": 5}, "max_tokens", "unknown_parameter"),
-        ({"tools": [{"type": "web_search"}]}, "tools[0].type", "invalid_value"),
+        ({"tools": [{"type": "web_search"}]}, "tools[0]", "invalid_value"),
         ({"reasoning": {"effort": "huge"}}, "reasoning.effort", "invalid_value"),
         ({"text": {"verbosity": "loud"}}, "text.verbosity", "invalid_value"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
