@@ -61,12 +61,18 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: Any) -> int:
     return int(state["step"])
 
 
-def export_hf(model: nn.Module, config: ModelConfig, out: Path, source: Path | None) -> None:
-    """Gather full weights and write an HF checkpoint on rank 0 (all ranks must call)."""
+def full_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every weight gathered whole, in float32 on CPU (all ranks must call)."""
     full = {}
     for name, tensor in model.state_dict().items():
         gather = getattr(tensor, "full_tensor", None)
         full[name] = (gather() if gather is not None else tensor).detach().float().cpu()
+    return full
+
+
+def export_hf(model: nn.Module, config: ModelConfig, out: Path, source: Path | None) -> None:
+    """Gather full weights and write an HF checkpoint on rank 0 (all ranks must call)."""
+    full = full_state(model)
     if not dist.is_initialized() or dist.get_rank() == 0:
         save_hf_checkpoint(full, config, out)
         if source is not None:

@@ -19,12 +19,19 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from training.checkpoint import export_hf, latest_checkpoint, load_checkpoint, save_checkpoint
+from training.checkpoint import (
+    export_hf,
+    full_state,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from training.config import TrainerConfig
 from training.data import RandomTokens, TokenStream
 from training.distributed.mesh import Meshes, build_meshes
 from training.losses import LossFn, cross_entropy_loss, mtp_cross_entropy, mtp_inputs
 from training.metrics import serve_metrics, trainer_metrics
+from training.models.deepseek_v3.hf_io import hf_tensors
 from training.models.deepseek_v3.model import DeepseekV3Model
 from training.models.deepseek_v3.moe import update_routing_bias
 from training.models.deepseek_v3.parallelize import parallelize, reduce_expert_gradients
@@ -264,6 +271,10 @@ class Trainer:
     def export(self, out: Path) -> None:
         export_hf(self.model, self.model_config, out, self.config.model_path)
         self._log(f"HF weights for serving written to {out}")
+
+    def hf_weights(self) -> dict[str, Tensor]:
+        """The tensors ``export`` writes, in memory (all ranks must call; whole on each)."""
+        return hf_tensors(full_state(self.model), self.model_config)
 
     def _log(self, message: str) -> None:
         if self.rank == 0:

@@ -22,6 +22,7 @@ from training.losses import (
     mtp_inputs,
 )
 from training.models.deepseek_v3.config import ModelConfig
+from training.models.deepseek_v3.hf_io import read_hf_tensors
 from training.models.deepseek_v3.model import DeepseekV3Model
 from training.optim.config import MuonConfig
 from training.trainer import Trainer
@@ -85,6 +86,11 @@ def _tiny_worker(rank: int, world: int, tiny_model: Path, out: Path) -> None:
         if name.startswith(MTP):
             assert torch.equal(param.detach(), before[name]), name
     untrained.export(out)
+    # What a streamed weight push sends is what the export wrote, tensor for tensor.
+    streamed, written = untrained.hf_weights(), read_hf_tensors(out)
+    assert streamed.keys() == written.keys()
+    for key, tensor in written.items():
+        assert streamed[key].dtype == tensor.dtype and torch.equal(streamed[key], tensor), key
 
 
 @pytest.mark.distributed

@@ -19,6 +19,8 @@ from training.options import option
 from training.rollouts.request import ReasoningEffort, TaskStyle, Verbosity
 
 Normalisation = Literal["token", "sequence"]
+#: How new weights reach the engines after a step (training.rl.loop.LoopConfig).
+WeightTransport = Literal["stream", "disk"]
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,10 @@ class SessionConfig:
     """One local RL run (`cstack rl`): its options are the fields declared with help text."""
 
     steps: int = option(20, "Optimizer steps (each pushes new weights to vLLM).")
+    weight_transport: WeightTransport = option(
+        "stream", "How each step's weights reach vLLM: stream (in buckets over a process "
+        "group the engines' workers join, no disk) or disk (an HF export they read back)."
+    )  # fmt: skip
     environment: str = option(
         "digits", "The rollout environment; digits and toolchoice are learnable on CPU.",
         choices=ENVIRONMENTS,

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from training.feedback import Encode
 from training.rl.batch import build_batch
-from training.rl.config import GRPOConfig
+from training.rl.config import GRPOConfig, WeightTransport
 from training.rl.consumer import TrajectoryConsumer, TrajectoryGroup
 from training.rl.trainer_hook import trainer_batch
 from training.rollouts.gate import PolicyVersionGate
@@ -39,9 +39,13 @@ class TrainerLike(Protocol):
 
     def export(self, out: Path) -> None: ...
 
+    def hf_weights(self) -> dict[str, Tensor]: ...
+
 
 class WeightPush(Protocol):
     def push(self, checkpoint: Path) -> int: ...
+
+    def push_weights(self, tensors: Mapping[str, Tensor]) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,10 @@ class LoopConfig:
     task_ids: tuple[str, ...] = ("digits-0", "digits-1", "digits-2", "digits-3")
     groups_per_step: int = 2
     queued_groups: int = 4
+    #: How new weights reach the engines after a step: ``stream`` sends them in buckets
+    #: over a process group (weight_transport.py), ``disk`` writes an HF export to
+    #: ``export_dir`` that the engines read back.
+    weight_transport: WeightTransport = "stream"
     export_dir: Path = Path(".cstack/rl/weights")
     keep_exports: int = 2
     #: Seeds vLLM's sampling of the k-th submitted rollout with ``sampling_seed * 10**6 + k``
@@ -146,10 +154,13 @@ class RlLoop:
         )  # fmt: skip
         stats = self.trainer.train_step(inputs)
         self.consumer.ack([e for g in groups for e in g.entry_ids])
-        export = self.config.export_dir / f"step-{self.step + 1:06d}"
-        self.trainer.export(export)
-        new_version = self.weights.push(export)
-        self._prune_exports(export)
+        if self.config.weight_transport == "stream":
+            new_version = self.weights.push_weights(self.trainer.hf_weights())
+        else:
+            export = self.config.export_dir / f"step-{self.step + 1:06d}"
+            self.trainer.export(export)
+            new_version = self.weights.push(export)
+            self._prune_exports(export)
         self.step += 1
         staleness = [version - t.policy_version_start for t in trajectories]
         for value in staleness:

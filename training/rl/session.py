@@ -181,14 +181,17 @@ class RlSession:
                                            rl_trajectory_stream=self.stream))  # fmt: skip
         tokenizer = Tokenizer.from_file(str(Path(model) / "tokenizer.json"))
         return RlLoop(
-            trainer, consumer, gate, VllmWeightSync(services.engine_urls, gate),
+            trainer, consumer, gate,
+            VllmWeightSync(services.engine_urls, gate,
+                           transport_host=TrainingSettings().rl_weight_sync_host),
             submit=lambda request: app.send_task(TASK_NAME, args=[request.model_dump()],
                                                  queue=self.queue),
             config=LoopConfig(
                 environment=c.environment,
                 task_ids=c.rollout_task_ids, task_styles=c.styles,
                 groups_per_step=c.groups_per_step, queued_groups=2 * c.groups_per_step,
-                export_dir=c.out / "weights", grpo=grpo, sampling_seed=c.seed,
+                export_dir=c.out / "weights", weight_transport=c.weight_transport,
+                grpo=grpo, sampling_seed=c.seed,
             ),
             encode=lambda text: tokenizer.encode(text, add_special_tokens=False).ids,
             pad_id=tokenizer.token_to_id("<|pad|>") or 0,

@@ -17,8 +17,11 @@ too. It shares the embedding and output head with the target (vLLM's MTP propose
 those load twice, with the same values. Other drafters (an EAGLE head, a separate draft
 model) are not in the trainer's checkpoint and stay as they are.
 
-Only vLLM and torch are imported here, and only inside the methods: this module is loaded
-by every vLLM worker process.
+``cstack_receive_weights`` is the same reload fed from the trainer's broadcast instead of
+from disk (weight_transport.py).
+
+Only vLLM, torch and the torch-only weight_transport are imported here, and only inside the
+methods: this module is loaded by every vLLM worker process.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import Any
 #: ``--worker-extension-cls`` value for engines the RL trainer pushes weights into.
 WORKER_EXTENSION = "training.rollouts.vllm_extension.WeightReloadExtension"
 #: Bumped when the RPC methods below change, so a trainer can refuse an older engine.
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 
 class WeightReloadExtension:
@@ -46,31 +49,81 @@ class WeightReloadExtension:
         """Reload an HF checkpoint in place into the model and its MTP drafter (if it has
         one), then repack what the reloads left unpacked."""
         self.reload_weights(weights_path=weights_path)  # type: ignore[attr-defined]
-        runner = self.model_runner  # type: ignore[attr-defined]
-        models = [runner.get_model()]
-        speculative = self.vllm_config.speculative_config  # type: ignore[attr-defined]
-        drafter = None
-        if speculative is not None and speculative.method == "mtp":
-            drafter = getattr(getattr(runner, "drafter", None), "model", None)
-        if drafter is not None:
-            self._cstack_reload_drafter(drafter)
-            models.append(drafter)
-        repacked = sum(self._cstack_repack_cpu_experts(model) for model in models)
-        return {
-            "weights_path": weights_path,
-            "repacked_moe_layers": repacked,
-            "reloaded_drafter": drafter is not None,
-        }
+        # The target's reload pointed the model config at the new checkpoint; the drafter
+        # (an MTP model) picks its own layers out of the same files.
+        result = self._cstack_finish_reload(None)
+        return {"weights_path": weights_path, **result}
 
-    def _cstack_reload_drafter(self, drafter: Any) -> None:
+    def cstack_receive_weights(
+        self, rendezvous: dict[str, Any], buckets: list[list[Any]]
+    ) -> dict[str, Any]:
+        """Join the trainer's push group (weight_transport.py) and reload the model in place
+        from the tensors it broadcasts, as they arrive; the MTP drafter (if any) then
+        reloads from the ones it loads too. The tensors are an HF export's, so the result
+        is a disk reload's, byte for byte."""
+        import re
+
+        from training.rollouts.weight_transport import TensorSpec, open_group, receive_buckets
+
+        plan = [[TensorSpec.from_json(spec) for spec in bucket] for bucket in buckets]
+        group = open_group(
+            str(rendezvous["host"]),
+            int(rendezvous["port"]),
+            int(rendezvous["first_rank"]) + self.rank,  # type: ignore[attr-defined]
+            int(rendezvous["world_size"]),
+            str(rendezvous["token"]),
+            float(rendezvous["timeout_s"]),
+        )
+        config = self.vllm_config  # type: ignore[attr-defined]
+        decoder_layers = config.model_config.hf_config.num_hidden_layers
+        wants_drafter = self._cstack_mtp_drafter() is not None
+        # What the drafter loads: everything but the target's own decoder layers (its MTP
+        # layers, the shared embedding and head, the final norm).
+        for_drafter: list[tuple[str, Any]] = []
+        received = 0
+
+        def weights() -> Any:
+            nonlocal received
+            for name, tensor in receive_buckets(group, plan):
+                layer = re.match(r"^model\.layers\.(\d+)\.", name)
+                if wants_drafter and not (layer and int(layer.group(1)) < decoder_layers):
+                    for_drafter.append((name, tensor))
+                received += tensor.numel() * tensor.element_size()
+                yield name, tensor
+
+        stream = weights()
+        self.reload_weights(weights_iterator=stream, is_checkpoint_format=True)  # type: ignore[attr-defined]
+        for _ in stream:  # every rank takes part in every broadcast, loaded or not
+            pass
+        result = self._cstack_finish_reload(for_drafter if wants_drafter else None)
+        return {"received_bytes": received, "buckets": len(plan), **result}
+
+    def _cstack_mtp_drafter(self) -> Any:
+        """The MTP drafter model this engine speculates with, or None."""
+        speculative = self.vllm_config.speculative_config  # type: ignore[attr-defined]
+        if speculative is None or speculative.method != "mtp":
+            return None
+        runner = self.model_runner  # type: ignore[attr-defined]
+        return getattr(getattr(runner, "drafter", None), "model", None)
+
+    def _cstack_finish_reload(
+        self, drafter_weights: list[tuple[str, Any]] | None
+    ) -> dict[str, Any]:
+        """After the target's reload: reload the MTP drafter (from ``drafter_weights``, or
+        from the checkpoint the target's reload pointed the config at), then repack."""
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.model_loader.reload.inplace import reload_weights
 
-        # The target's reload pointed the model config at the new checkpoint; the drafter
-        # (an MTP model) picks its own layers out of the same files.
-        config = self.vllm_config  # type: ignore[attr-defined]
-        with set_current_vllm_config(config):
-            reload_weights(config, drafter, None, None, is_checkpoint_format=True)
+        models = [self.model_runner.get_model()]  # type: ignore[attr-defined]
+        drafter = self._cstack_mtp_drafter()
+        if drafter is not None:
+            config = self.vllm_config  # type: ignore[attr-defined]
+            weights = None if drafter_weights is None else iter(drafter_weights)
+            with set_current_vllm_config(config):
+                reload_weights(config, drafter, weights, None, is_checkpoint_format=True)
+            models.append(drafter)
+        repacked = sum(self._cstack_repack_cpu_experts(model) for model in models)
+        return {"repacked_moe_layers": repacked, "reloaded_drafter": drafter is not None}
 
     @staticmethod
     def _cstack_repack_cpu_experts(model: Any) -> int:

@@ -21,16 +21,28 @@ pod's address, and each push resolves it again and updates each replica.
 from __future__ import annotations
 
 import ipaddress
+import secrets
 import socket
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
+import torch
 
 from serving.settings import ServingSettings
 from training.rollouts.gate import PolicyVersionGate
 from training.rollouts.vllm_extension import PROTOCOL_VERSION, WORKER_EXTENSION
+from training.rollouts.weight_transport import (
+    Bucket,
+    listen_socket,
+    open_group,
+    plan_buckets,
+    send_buckets,
+)
 
 
 class WeightSyncError(RuntimeError):
@@ -87,6 +99,10 @@ class VllmWeightSync:
     timeout_s: float = 600.0
     #: The engines' API key; by default serving's setting (unset: none is sent).
     api_key: str | None = field(default_factory=_configured_api_key, repr=False)
+    #: A streamed push (``push_weights``): the trainer's address the engines reach it at,
+    #: and the most bytes one broadcast carries.
+    transport_host: str = "127.0.0.1"
+    bucket_bytes: int = 256 * 2**20
 
     @property
     def _headers(self) -> dict[str, str]:
@@ -99,8 +115,9 @@ class VllmWeightSync:
         _check(response, url, "/weight_info")
         return str(response.json()["weight_version"])
 
-    def check_engine(self, url: str) -> None:
-        """Refuse, before pausing anything, an engine that cannot reload exactly."""
+    def check_engine(self, url: str) -> int:
+        """Refuse, before pausing anything, an engine that cannot reload exactly; returns
+        how many workers it runs (each one joins a streamed push)."""
         url = url.rstrip("/")
         probe = {"method": "cstack_weight_sync_info"}
         try:
@@ -123,28 +140,52 @@ class VllmWeightSync:
                 f"{url}: weight-sync extension protocol {info[0].get('protocol')}, "
                 f"trainer speaks {PROTOCOL_VERSION}; restart the engine from this checkout"
             )
+        return len(info)
 
     def push(self, checkpoint: Path) -> int:
         """Reload ``checkpoint`` into every engine; returns the new policy version."""
-        engines = [replica for url in self.engine_urls for replica in replica_urls(url)]
+        engines = self._engines()
         for url in engines:
             self.check_engine(url)
         with self.gate.exclusive(drain_timeout_s=self.timeout_s) as version:
             new_version = version + 1
             for url in engines:
-                self._reload(url, Path(checkpoint).resolve(), new_version)
+                with self._paused(url, new_version) as client:
+                    rpc = {
+                        "method": "cstack_reload_weights",
+                        "kwargs": {"weights_path": str(Path(checkpoint).resolve())},
+                    }
+                    _check(client.post("/collective_rpc", json=rpc), url, "reload")
             self.gate.set_version(new_version)
         return new_version
 
-    def _reload(self, url: str, checkpoint: Path, version: int) -> None:
+    def push_weights(self, tensors: Mapping[str, torch.Tensor]) -> int:
+        """Send ``tensors`` (an HF export's, ``hf_io.hf_tensors``) into every engine without
+        writing them to disk (weight_transport.py): one broadcast reaches every worker of
+        every engine, each paused meanwhile. Returns the new policy version."""
+        engines = self._engines()
+        workers = [self.check_engine(url) for url in engines]
+        plan = plan_buckets(tensors, self.bucket_bytes)
+        with self.gate.exclusive(drain_timeout_s=self.timeout_s) as version:
+            new_version = version + 1
+            with ExitStack() as paused:
+                clients = [paused.enter_context(self._paused(u, new_version)) for u in engines]
+                if engines:
+                    self._stream(engines, clients, workers, tensors, plan)
+            self.gate.set_version(new_version)
+        return new_version
+
+    def _engines(self) -> list[str]:
+        return [replica for url in self.engine_urls for replica in replica_urls(url)]
+
+    @contextmanager
+    def _paused(self, url: str, version: int) -> Iterator[httpx.Client]:
+        """The engine paused (its running requests finished on the old weights) while the
+        caller reloads it through the client; then its cache reset, version set, resumed."""
         with httpx.Client(base_url=url, headers=self._headers, timeout=self.timeout_s) as client:
             _check(client.post("/pause", params={"mode": "wait"}), url, "/pause")
             try:
-                rpc = {
-                    "method": "cstack_reload_weights",
-                    "kwargs": {"weights_path": str(checkpoint)},
-                }
-                _check(client.post("/collective_rpc", json=rpc), url, "reload")
+                yield client
                 _check(client.post("/reset_prefix_cache"), url, "/reset_prefix_cache")
                 update = {"new_version": str(version)}
                 _check(
@@ -154,3 +195,53 @@ class VllmWeightSync:
                 )
             finally:
                 _check(client.post("/resume"), url, "/resume")
+
+    def _stream(
+        self,
+        urls: list[str],
+        clients: list[httpx.Client],
+        workers: list[int],
+        tensors: Mapping[str, torch.Tensor],
+        plan: list[Bucket],
+    ) -> None:
+        """Rank 0 of the push's group: every engine's workers join it through one
+        ``/collective_rpc`` each (answered once they have reloaded), meanwhile the buckets
+        go out."""
+        listening = listen_socket(self.transport_host)
+        port = listening.getsockname()[1]
+        token = secrets.token_hex(16)
+        world_size = 1 + sum(workers)
+        manifest = [[spec.as_json() for spec in bucket] for bucket in plan]
+        answers: list[httpx.Response | BaseException | None] = [None] * len(urls)
+
+        def join(index: int) -> None:
+            rendezvous = {
+                "host": self.transport_host, "port": port, "token": token,
+                "world_size": world_size, "first_rank": 1 + sum(workers[:index]),
+                "timeout_s": self.timeout_s,
+            }  # fmt: skip
+            rpc = {
+                "method": "cstack_receive_weights",
+                "kwargs": {"rendezvous": rendezvous, "buckets": manifest},
+            }
+            try:
+                answers[index] = clients[index].post("/collective_rpc", json=rpc)
+            except BaseException as err:  # reported below, with the engine's URL
+                answers[index] = err
+
+        threads = [threading.Thread(target=join, args=(i,), daemon=True) for i in range(len(urls))]
+        for thread in threads:
+            thread.start()
+        try:
+            group = open_group(
+                self.transport_host, port, 0, world_size, token, self.timeout_s, listening
+            )
+            send_buckets(group, tensors, plan)
+        finally:
+            listening.close()
+            for thread in threads:
+                thread.join(self.timeout_s)
+        for url, answer in zip(urls, answers, strict=True):
+            if not isinstance(answer, httpx.Response):
+                raise WeightSyncError(f"{url}: streamed reload failed: {answer}")
+            _check(answer, url, "streamed reload")

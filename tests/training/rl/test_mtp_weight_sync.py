@@ -28,6 +28,7 @@ from serving.spec_decode import greedy_counters
 from training.checkpoint import graft_mtp_layers
 from training.config import TrainerConfig
 from training.losses import IGNORE_INDEX
+from training.models.deepseek_v3.hf_io import read_hf_tensors
 from training.optim.config import MuonConfig
 from training.trainer import Trainer
 
@@ -100,3 +101,12 @@ def test_pushed_mtp_layer_drafts_in_the_fast_engine(
     assert _target_digests(fast_engine_url) == target
     trained_layer, _ = greedy_counters(fast_engine_url, PROMPTS, MAX_TOKENS)
     assert trained_layer.acceptance_rate > 0.2, trained_layer
+
+    # A streamed push (no disk: weight_transport.py) reaches the drafter too: the random
+    # layer comes back, then the trained one drafts exactly as after the disk push.
+    sync = VllmWeightSync([fast_engine_url], gate, bucket_bytes=2**20)
+    sync.push_weights(read_hf_tensors(tiny_model))
+    assert greedy_counters(fast_engine_url, PROMPTS, MAX_TOKENS)[0] == random_layer
+    sync.push_weights(read_hf_tensors(pushed))
+    assert _target_digests(fast_engine_url) == target
+    assert greedy_counters(fast_engine_url, PROMPTS, MAX_TOKENS)[0] == trained_layer

@@ -67,8 +67,10 @@ def test_loop_trains_on_fresh_groups_and_advances_the_version(
         loop = RlLoop(
             trainer, consumer, gate, VllmWeightSync([], gate),
             submit=lambda r: app.send_task(TASK_NAME, args=[r.model_dump()], queue=queue),
+            # The disk transport: its exports (and their pruning) are checked below; the
+            # session test pushes by stream.
             config=LoopConfig(groups_per_step=1, queued_groups=2, export_dir=tmp_path / "w",
-                              grpo=grpo),
+                              weight_transport="disk", grpo=grpo),
             encode=lambda text: tokenizer.encode(text, add_special_tokens=False).ids,
         )  # fmt: skip
         reports = [loop.run_step(timeout_s=240) for _ in range(3)]

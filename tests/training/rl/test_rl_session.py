@@ -1,7 +1,7 @@
 """`cstack rl`'s session on the session's vLLM: rollout worker, trainer, consumer, a weight
-push into vLLM after every step. The policy version advances step by step and every turn
-trained on carries the version that produced it. The engine gets its original weights
-back at the end (checked with vLLM's weight digests)."""
+push into vLLM after every step (streamed: no export on disk). The policy version advances
+step by step and every turn trained on carries the version that produced it. The engine
+gets its original weights back at the end (checked with vLLM's weight digests)."""
 
 from __future__ import annotations
 
@@ -65,5 +65,6 @@ def test_session_steps_push_weights_and_record_turn_versions(
     # Rollouts sampled after a push record the pushed version, not the one they were
     # queued with.
     assert max(v for r in reports for v in r.turn_versions) >= 1
-    assert (tmp_path / "weights" / "step-000003" / "config.json").is_file()
+    # The weights went to vLLM by stream (the default transport): no export on disk.
+    assert not (tmp_path / "weights").exists()
     assert (tmp_path / "logs" / "rollout-worker-0.log").stat().st_size > 0

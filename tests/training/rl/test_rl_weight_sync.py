@@ -94,6 +94,43 @@ def test_push_changes_outputs_and_restores_the_engine_exactly(
     assert _greedy(vllm_url) == original
 
 
+@pytest.mark.vllm
+def test_a_streamed_push_loads_exactly_what_a_disk_push_loads(
+    vllm_url: str, redis_url: str, tiny_model: Path, tmp_path: Path
+) -> None:
+    """The tensors of an export, broadcast in small buckets over the push's gloo group
+    (several tensors per bucket, and tensors alone in theirs), leave the engine with the
+    weight digests and greedy answer of the disk push of that export; streaming the
+    original checkpoint back restores the engine bit for bit."""
+    from training.models.deepseek_v3.hf_io import read_hf_tensors
+    from training.rollouts.gate import PolicyVersionGate
+    from training.rollouts.weight_sync import VllmWeightSync
+
+    if httpx.get(f"{vllm_url}/is_paused", timeout=30).status_code == 404:
+        pytest.skip("this vLLM runs without VLLM_SERVER_DEV_MODE=1 (no weight reload endpoints)")
+    if not _has_extension(vllm_url):
+        pytest.skip("this vLLM runs without the weight-sync worker extension")
+    gate = PolicyVersionGate(redis.Redis.from_url(redis_url), prefix=f"sync-{uuid.uuid4().hex}")
+    sync = VllmWeightSync([vllm_url], gate, bucket_bytes=2**20)
+    original, digests = _greedy(vllm_url), _digests(vllm_url)
+    changed = _changed_checkpoint(tiny_model, tmp_path / "changed")
+    try:
+        sync.push(changed)
+        on_disk, answer_on_disk = _digests(vllm_url), _greedy(vllm_url)
+        sync.push(tiny_model)
+        assert _digests(vllm_url) == digests
+
+        assert sync.push_weights(read_hf_tensors(changed)) == 3
+        assert sync.engine_version(vllm_url) == "3"
+        assert _digests(vllm_url) == on_disk != digests
+        assert _greedy(vllm_url) == answer_on_disk != original
+        assert sync.push_weights(read_hf_tensors(tiny_model)) == 4
+        assert _digests(vllm_url) == digests
+        assert _greedy(vllm_url) == original
+    finally:
+        sync.push(tiny_model)  # leave the shared engine as we found it, whatever failed
+
+
 def test_engine_without_dev_endpoints_is_named(redis_url: str, tmp_path: Path) -> None:
     """A URL that is no vLLM dev server: the error names the engine and what to enable."""
     from training.rollouts.gate import PolicyVersionGate

@@ -40,25 +40,29 @@ _MTP_COPIES = {
 _SHARD_BYTES = 4 << 30
 
 
+def read_hf_tensors(path: Path) -> dict[str, Tensor]:
+    """Every tensor of a checkpoint's safetensors files, as written (what an engine reads)."""
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {path}")
+    return {key: tensor for file in files for key, tensor in load_file(str(file)).items()}
+
+
 def load_hf_state_dict(
     path: Path, config: ModelConfig, dtype: torch.dtype = torch.float32
 ) -> dict[str, Tensor]:
     """Read every safetensors file of a checkpoint, dequantize quantized weights to
     ``dtype`` and stack the per-expert tensors (MTP layers included, less their copies of
     the shared weights)."""
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors files in {path}")
     last = config.num_hidden_layers + config.num_nextn_predict_layers
     flat: dict[str, Tensor] = {}
-    for file in files:
-        for key, tensor in load_file(str(file)).items():
-            layer = _LAYER_KEY.match(key)
-            if layer and int(layer.group(1)) >= last:
-                continue  # past the layers the config declares: no module would hold it
-            if layer and key[layer.end() :] in _MTP_COPIES:
-                continue
-            flat[key] = tensor
+    for key, tensor in read_hf_tensors(path).items():
+        layer = _LAYER_KEY.match(key)
+        if layer and int(layer.group(1)) >= last:
+            continue  # past the layers the config declares: no module would hold it
+        if layer and key[layer.end() :] in _MTP_COPIES:
+            continue
+        flat[key] = tensor
     scheme = scheme_from_config(config.extra.get("quantization_config"))
     experts: dict[tuple[str, str], dict[int, Tensor]] = {}
     state: dict[str, Tensor] = {}
@@ -109,14 +113,22 @@ def to_hf_state_dict(state: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
-def save_hf_checkpoint(state: dict[str, Tensor], config: ModelConfig, path: Path) -> None:
-    """Write ``config.json`` and safetensors shards (with an index when there are several),
-    quantized as the base checkpoint was when its config carries a ``quantization_config``."""
-    path.mkdir(parents=True, exist_ok=True)
+def hf_tensors(state: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
+    """The tensors an HF export holds, by name: HF's keys, quantized as the base checkpoint
+    was when its config carries a ``quantization_config`` (what a streamed weight push
+    sends, so that an engine loads the same bytes either way)."""
     tensors = to_hf_state_dict(state)
     scheme = scheme_from_config(config.extra.get("quantization_config"))
     if scheme is not None:
         tensors = quantize_checkpoint(tensors, scheme)
+    return tensors
+
+
+def save_hf_checkpoint(state: dict[str, Tensor], config: ModelConfig, path: Path) -> None:
+    """Write ``config.json`` and safetensors shards (with an index when there are several),
+    quantized as the base checkpoint was when its config carries a ``quantization_config``."""
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = hf_tensors(state, config)
     shards: list[dict[str, Tensor]] = [{}]
     size = 0
     for key in sorted(tensors):
