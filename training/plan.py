@@ -56,8 +56,11 @@ _COMMON: dict[str, Any] = dict(
     qk_rope_head_dim=64, v_head_dim=128, num_experts_per_tok=8, n_shared_experts=1,
 )  # fmt: skip
 PRESETS: dict[str, dict[str, Any]] = {
+    # DeepSeek-V3 trains one MTP layer (its checkpoint's layer 61, 14B more parameters);
+    # Kimi K2's checkpoint has none.
     "deepseek-v3": dict(_COMMON, vocab_size=129280, first_k_dense_replace=3,
-                        num_attention_heads=128, n_routed_experts=256, n_group=8, topk_group=4),
+                        num_attention_heads=128, n_routed_experts=256, n_group=8, topk_group=4,
+                        num_nextn_predict_layers=1),
     "kimi-k2": dict(_COMMON, vocab_size=163840, first_k_dense_replace=1,
                     num_attention_heads=64, n_routed_experts=384, routed_scaling_factor=2.827),
 }  # fmt: skip
