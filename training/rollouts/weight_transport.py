@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import socket
+from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -129,10 +130,16 @@ def open_group(
     return ProcessGroupGloo(prefixed, rank, world_size, timeout)
 
 
-def _broadcast(group: ProcessGroupGloo, buffer: torch.Tensor) -> None:
+def _broadcast(group: ProcessGroupGloo, buffer: torch.Tensor) -> dist.Work:
+    """Start broadcasting ``buffer`` from rank 0 (gloo runs it on its own thread)."""
     options = dist.BroadcastOptions()
     options.rootRank = 0
-    group.broadcast([buffer], options).wait()  # type: ignore[attr-defined]  # not in the stubs
+    return group.broadcast([buffer], options)  # type: ignore[attr-defined,no-any-return]
+
+
+#: Buckets in flight at once: one travels while the next is packed (rank 0) or the last
+#: one loads (the workers), so transfer and copying overlap.
+IN_FLIGHT = 2
 
 
 def send_buckets(
@@ -140,13 +147,18 @@ def send_buckets(
 ) -> int:
     """Rank 0: broadcast every bucket; returns the bytes sent (once, to every rank)."""
     sent = 0
+    in_flight: deque[dist.Work] = deque()
     for bucket in plan:
-        buffer = torch.zeros(bucket_size(bucket), dtype=torch.uint8)
+        buffer = torch.empty(bucket_size(bucket), dtype=torch.uint8)
         for spec in bucket:
             source = tensors[spec.name].detach().cpu().contiguous().reshape(-1)
             buffer[spec.offset : spec.offset + spec.nbytes] = source.view(torch.uint8)
-        _broadcast(group, buffer)
+        if len(in_flight) == IN_FLIGHT:
+            in_flight.popleft().wait()
+        in_flight.append(_broadcast(group, buffer))
         sent += buffer.numel()
+    for work in in_flight:
+        work.wait()
     return sent
 
 
@@ -154,10 +166,23 @@ def receive_buckets(
     group: ProcessGroupGloo, plan: list[Bucket]
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Ranks above 0: each tensor as its bucket arrives (views of the bucket's buffer,
-    a new buffer per bucket: the consumer may hold on to them)."""
-    for bucket in plan:
-        buffer = torch.empty(bucket_size(bucket), dtype=torch.uint8)
-        _broadcast(group, buffer)
+    a new buffer per bucket: the consumer may hold on to them). The next buckets are
+    already arriving while the consumer loads this one's tensors."""
+    posted: deque[tuple[Bucket, torch.Tensor, dist.Work]] = deque()
+    pending = iter(plan)
+
+    def post() -> None:
+        bucket = next(pending, None)
+        if bucket is not None:
+            buffer = torch.empty(bucket_size(bucket), dtype=torch.uint8)
+            posted.append((bucket, buffer, _broadcast(group, buffer)))
+
+    for _ in range(IN_FLIGHT):
+        post()
+    while posted:
+        bucket, buffer, work = posted.popleft()
+        work.wait()
+        post()
         for spec in bucket:
             raw = buffer[spec.offset : spec.offset + spec.nbytes]
             yield spec.name, raw.view(DTYPES[spec.dtype]).reshape(spec.shape)
