@@ -102,7 +102,7 @@ class VllmWeightSync:
     #: A streamed push (``push_weights``): the trainer's address the engines reach it at,
     #: and the most bytes one broadcast carries.
     transport_host: str = "127.0.0.1"
-    bucket_bytes: int = 256 * 2**20
+    bucket_bytes: int = 64 * 2**20
 
     @property
     def _headers(self) -> dict[str, str]:
