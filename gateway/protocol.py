@@ -230,7 +230,21 @@ class PromptCacheOptions(OpenAIModel):
     ttl: Literal["30m"] | None = None
 
 
-class ChatCompletionRequest(SamplingParams):
+class PlatformHints(BaseModel):
+    """IGNORED fields of chat and responses requests alike: hints to OpenAI's platform
+    (abuse detection, its prompt cache) with no effect on an answer here."""
+
+    safety_identifier: Annotated[str, Field(max_length=128)] | None = ignored(
+        "an end-user id OpenAI uses for abuse detection"
+    )
+    prompt_cache_key: str | None = ignored("vLLM's prefix cache needs no hint")
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = ignored(
+        "vLLM's prefix cache keeps what fits in memory"
+    )
+    prompt_cache_options: PromptCacheOptions | None = ignored("vLLM's prefix cache needs no hint")
+
+
+class ChatCompletionRequest(PlatformHints, SamplingParams):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1, le=INT64_MAX)] | None = None
     logprobs: bool | None = None
@@ -242,14 +256,6 @@ class ChatCompletionRequest(SamplingParams):
     # IGNORED
     store: bool | None = ignored("nothing is stored: there is no stored-completions API")
     metadata: Metadata | None = ignored("tags stored completions at OpenAI; kept nowhere")
-    safety_identifier: Annotated[str, Field(max_length=128)] | None = ignored(
-        "an end-user id OpenAI uses for abuse detection"
-    )
-    prompt_cache_key: str | None = ignored("vLLM's prefix cache needs no hint")
-    prompt_cache_retention: Literal["in_memory", "24h"] | None = ignored(
-        "vLLM's prefix cache keeps what fits in memory"
-    )
-    prompt_cache_options: PromptCacheOptions | None = ignored("vLLM's prefix cache needs no hint")
 
     # APPLIED (GenerationHandler.shape): chat template kwargs and vLLM's thinking budget.
     reasoning_effort: ReasoningEffort | None = applied(

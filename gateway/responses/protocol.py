@@ -7,13 +7,11 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Discriminator,
     Field,
     Tag,
     ValidationError,
-    field_validator,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -23,11 +21,11 @@ from gateway.protocol import (
     INT64_MAX,
     ChatCompletionRequest,
     FunctionDefinition,
+    JsonSchemaFormat,
     Metadata,
     OpenAIModel,
-    PromptCacheOptions,
+    PlatformHints,
     ReasoningEffort,
-    check_json_schema,
     ignored,
     refused,
 )
@@ -128,19 +126,12 @@ class Reasoning(OpenAIModel):
     generate_summary: Literal["auto", "concise", "detailed"] | None = None
 
 
-class TextFormat(OpenAIModel):
+class TextFormat(JsonSchemaFormat):
+    """``text.format``: chat's json_schema fields flat beside the format's type (``name``
+    is required for a json_schema format only)."""
+
     type: Literal["text", "json_object", "json_schema"]
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_\-]{1,64}$")] | None = None
-    description: str | None = None
-    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
-    strict: bool | None = None
-
-    model_config = ConfigDict(extra="ignore", populate_by_name=True, allow_inf_nan=False)
-
-    @field_validator("json_schema")
-    @classmethod
-    def _valid_schema(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
-        return check_json_schema(schema)
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_\-]{1,64}$")] | None = None  # type: ignore[assignment]
 
     @model_validator(mode="after")
     def _named_schema(self) -> TextFormat:
@@ -154,7 +145,7 @@ class TextConfig(OpenAIModel):
     verbosity: Literal["low", "medium", "high"] | None = None
 
 
-class ResponsesRequest(BaseModel):
+class ResponsesRequest(PlatformHints):
     """A ``POST /v1/responses`` body; top-level fields are strict, as in gateway.protocol."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -177,14 +168,6 @@ class ResponsesRequest(BaseModel):
 
     # IGNORED
     user: str | None = ignored("an end-user id OpenAI uses for caching and abuse detection")
-    safety_identifier: Annotated[str, Field(max_length=128)] | None = ignored(
-        "an end-user id OpenAI uses for abuse detection"
-    )
-    prompt_cache_key: str | None = ignored("vLLM's prefix cache needs no hint")
-    prompt_cache_retention: Literal["in_memory", "24h"] | None = ignored(
-        "vLLM's prefix cache keeps what fits in memory"
-    )
-    prompt_cache_options: PromptCacheOptions | None = ignored("vLLM's prefix cache needs no hint")
     include: Annotated[list[str], Field(max_length=32)] | None = ignored(
         "reasoning text is always in reasoning items; nothing is encrypted"
     )
