@@ -18,7 +18,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from training.models.deepseek_v3.config import ModelConfig
-from training.models.deepseek_v3.hf_io import save_hf_checkpoint
+from training.models.deepseek_v3.hf_io import save_hf_checkpoint, wrapper_tensors
 from training.models.deepseek_v3.model import DeepseekV3Model
 
 _PREFIX = "step-"
@@ -74,7 +74,8 @@ def export_hf(model: nn.Module, config: ModelConfig, out: Path, source: Path | N
     """Gather full weights and write an HF checkpoint on rank 0 (all ranks must call)."""
     full = full_state(model)
     if not dist.is_initialized() or dist.get_rank() == 0:
-        save_hf_checkpoint(full, config, out)
+        carried = wrapper_tensors(source, config) if source is not None else None
+        save_hf_checkpoint(full, config, out, carried)
         if source is not None:
             for name in _TOKENIZER_FILES:
                 if (source / name).is_file():

@@ -31,7 +31,7 @@ from training.data import RandomTokens, TokenStream
 from training.distributed.mesh import Meshes, build_meshes
 from training.losses import LossFn, cross_entropy_loss, mtp_cross_entropy, mtp_inputs
 from training.metrics import serve_metrics, trainer_metrics
-from training.models.deepseek_v3.hf_io import hf_tensors
+from training.models.deepseek_v3.hf_io import hf_tensors, wrapper_tensors
 from training.models.deepseek_v3.model import DeepseekV3Model
 from training.models.deepseek_v3.moe import update_routing_bias
 from training.models.deepseek_v3.parallelize import parallelize, reduce_expert_gradients
@@ -274,7 +274,9 @@ class Trainer:
 
     def hf_weights(self) -> dict[str, Tensor]:
         """The tensors ``export`` writes, in memory (all ranks must call; whole on each)."""
-        return hf_tensors(full_state(self.model), self.model_config)
+        source = self.config.model_path
+        carried = wrapper_tensors(source, self.model_config) if source is not None else None
+        return hf_tensors(full_state(self.model), self.model_config, carried)
 
     def _log(self, message: str) -> None:
         if self.rank == 0:

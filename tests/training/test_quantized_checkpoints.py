@@ -3,12 +3,15 @@
 Checkpoints are built here from the tiny checkpoint's weights with code of this file only:
 DeepSeek-V3 FP8 (128 x 128 blocks, scale = amax / 448, every projection; the tiny shapes
 have partial edge blocks: kv_a_proj_with_mqa is 576 rows, q_a_proj 96) and Kimi INT4
-(compressed-tensors pack-quantized, group 32, routed experts only). References decode
-the bytes with plain Python/numpy loops, not the loader's code.
+(compressed-tensors pack-quantized, group 32, routed experts only), also in Kimi K2.5's
+multimodal layout (the language model under ``language_model.``, a vision tower beside
+it, the config under ``text_config``). References decode the bytes with plain
+Python/numpy loops, not the loader's code.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -320,3 +323,68 @@ def test_int4_export_loads_in_transformers(int4_model: Path, tmp_path: Path) -> 
         torch.testing.assert_close(
             loaded[f"{prefix}.{name}"].float(), mine, rtol=2**-8, atol=0, check_dtype=False
         )
+
+
+# --- Kimi K2.5's multimodal layout around the INT4 language model -------------------------
+
+
+def _kimi_k25_checkpoint(source: Path, out: Path) -> Path:
+    """K2.5's layout around a language-only checkpoint: its tensors under
+    ``language_model.``, a vision tower and projector beside them, and config.json's
+    fields under ``text_config`` with the quantization config at the top."""
+    generator = torch.Generator().manual_seed(1)
+    tensors = {
+        f"language_model.{k}": v for k, v in load_file(str(source / "model.safetensors")).items()
+    }
+    tensors["vision_tower.patch_embed.proj.weight"] = torch.randn(
+        32, 3, 14, 14, generator=generator
+    ).bfloat16()
+    tensors["mm_projector.proj.0.weight"] = torch.randn(128, 32, generator=generator).bfloat16()
+    text = json.loads((source / "config.json").read_text())
+    config = {
+        "architectures": ["KimiK25ForConditionalGeneration"],
+        "model_type": "kimi_k25",
+        "quantization_config": text.pop("quantization_config"),
+        "vision_config": {"hidden_size": 32, "patch_size": 14},
+        "text_config": text,
+    }
+    out.mkdir(parents=True)
+    (out / "config.json").write_text(json.dumps(config))
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out  # fmt: skip
+
+
+def test_kimi_k25_loads_as_its_language_model_and_exports_its_own_layout(
+    int4_model: Path, tmp_path: Path
+) -> None:
+    from training.checkpoint import export_hf
+
+    wrapped = _kimi_k25_checkpoint(int4_model, tmp_path / "k25")
+    config = ModelConfig.from_pretrained(wrapped)
+    language_only = ModelConfig.from_pretrained(int4_model)
+    assert config == dataclasses.replace(language_only, extra=config.extra, wrapper=config.wrapper)
+    assert config.quantization_config == INT4_CONFIG
+    plain = load_hf_state_dict(int4_model, language_only)
+    state = load_hf_state_dict(wrapped, config)
+    assert state.keys() == plain.keys()
+    assert all(torch.equal(state[key], plain[key]) for key in plain)
+
+    model = DeepseekV3Model.from_pretrained(wrapped)
+    export_hf(model, model.config, tmp_path / "export", source=wrapped)
+    written = json.loads((tmp_path / "export" / "config.json").read_text())
+    source_config = json.loads((wrapped / "config.json").read_text())
+    assert {k: v for k, v in written.items() if k != "text_config"} == {
+        k: v for k, v in source_config.items() if k != "text_config"
+    }
+    assert written["text_config"]["model_type"] == source_config["text_config"]["model_type"]
+    assert "quantization_config" not in written["text_config"]
+    source = load_file(str(wrapped / "model.safetensors"))
+    exported = load_file(str(tmp_path / "export" / "model.safetensors"))
+    assert exported.keys() == source.keys()
+    for key, tensor in source.items():
+        # The packed experts and the vision tower bit for bit; the rest bf16 -> fp32.
+        assert torch.equal(exported[key].to(tensor.dtype), tensor), key
+        if not key.startswith("language_model.") or key.endswith("_packed"):
+            assert exported[key].dtype == tensor.dtype, key
+    # What a streamed weight push sends is what the export wrote.
+    assert ModelConfig.from_pretrained(tmp_path / "export") == model.config

@@ -56,6 +56,10 @@ class ModelConfig:
     num_nextn_predict_layers: int = 0
     # Every other config.json key (token ids, rope scaling, dtype, ...), kept for saving.
     extra: dict[str, Any] = field(default_factory=dict)
+    # A multimodal checkpoint's config around this language model (Kimi K2.5: its vision
+    # config, architectures, quantization...), every key but ``text_config``, which holds
+    # the fields above; None for a language-only checkpoint. Kept for saving.
+    wrapper: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -94,9 +98,22 @@ class ModelConfig:
         value = self.extra.get("rope_scaling")
         return value if isinstance(value, dict) else None
 
+    @property
+    def quantization_config(self) -> dict[str, Any] | None:
+        """The checkpoint's ``quantization_config``: the language model's own, else the
+        multimodal wrapper's (Kimi K2.5 declares it at the top)."""
+        value = self.extra.get("quantization_config")
+        if value is None and self.wrapper is not None:
+            value = self.wrapper.get("quantization_config")
+        return value if isinstance(value, dict) else None
+
     @classmethod
     def from_hf_dict(cls, data: dict[str, Any]) -> ModelConfig:
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        text = data.get("text_config")
+        if isinstance(text, dict):
+            wrapper = {k: v for k, v in data.items() if k != "text_config"}
+            return dataclasses.replace(cls.from_hf_dict(text), wrapper=wrapper)
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra", "wrapper"}
         values = {k: v for k, v in data.items() if k in names}
         # transformers 5 nests rope_theta inside rope_parameters.
         rope = data.get("rope_parameters")
@@ -110,15 +127,20 @@ class ModelConfig:
     def to_hf_dict(self) -> dict[str, Any]:
         data = dict(self.extra)
         for f in dataclasses.fields(self):
-            if f.name != "extra":
+            if f.name not in ("extra", "wrapper"):
                 data[f.name] = getattr(self, f.name)
         data.setdefault("architectures", ["DeepseekV3ForCausalLM"])
-        data["model_type"] = "deepseek_v3"
+        # A multimodal wrapper's model class builds its language model by the text config's
+        # own type; a language-only checkpoint is served as DeepSeek-V3.
+        wrapped = self.wrapper is not None and "model_type" in self.extra
+        data["model_type"] = self.extra["model_type"] if wrapped else "deepseek_v3"
         data.setdefault("num_key_value_heads", self.num_attention_heads)
         data.setdefault("topk_method", "noaux_tc")
         data.setdefault("scoring_func", "sigmoid")
         data.setdefault("hidden_act", "silu")
         data["torch_dtype"] = "float32"
+        if self.wrapper is not None:
+            return {**self.wrapper, "text_config": data}
         return data
 
     @classmethod

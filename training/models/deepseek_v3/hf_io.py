@@ -10,6 +10,12 @@ layer (``model.layers.61.embed_tokens`` and ``.shared_head.head``). The MTP laye
 those two with the main model, in DeepSeek-V3's training as in vLLM's drafter (which
 replaces them with the target model's), so the trainer has one of each: the copies are
 dropped on load and written back from the main weights on export.
+
+A multimodal checkpoint (Kimi K2.5) holds this language model under ``language_model.``
+beside its vision tower and projector, with the language model's config under
+``text_config`` (``ModelConfig.wrapper`` keeps the rest): the trainer loads the language
+model, and an export writes it back under the prefix with the vision tensors of the
+source checkpoint unchanged (``wrapper_tensors``), in the layout the engines load.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import re
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
@@ -38,6 +45,8 @@ _MTP_COPIES = {
     "shared_head.head.weight": "lm_head.weight",
 }
 _SHARD_BYTES = 4 << 30
+#: Where a multimodal checkpoint (Kimi K2.5) keeps its language model's tensors.
+LANGUAGE_MODEL = "language_model."
 
 
 def read_hf_tensors(path: Path) -> dict[str, Tensor]:
@@ -48,6 +57,32 @@ def read_hf_tensors(path: Path) -> dict[str, Tensor]:
     return {key: tensor for file in files for key, tensor in load_file(str(file)).items()}
 
 
+def language_model_tensors(tensors: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
+    """A checkpoint's language-model tensors under the names the trainer reads: all of
+    them for a language-only checkpoint; in a multimodal one (Kimi K2.5), those under
+    ``language_model.``, the prefix dropped (the vision tower and projector are not
+    trained here, and ``wrapper_tensors`` carries them into an export)."""
+    if config.wrapper is None:
+        return tensors
+    n = len(LANGUAGE_MODEL)
+    return {key[n:]: tensor for key, tensor in tensors.items() if key.startswith(LANGUAGE_MODEL)}
+
+
+def wrapper_tensors(source: Path, config: ModelConfig) -> dict[str, Tensor]:
+    """The tensors of ``source`` outside its language model (a multimodal checkpoint's
+    vision tower and projector), read without loading the rest; none for a
+    language-only checkpoint. An export writes them back unchanged."""
+    if config.wrapper is None:
+        return {}
+    carried: dict[str, Tensor] = {}
+    for file in sorted(Path(source).glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as shard:
+            for key in shard.keys():  # noqa: SIM118  (safe_open is not a mapping)
+                if not key.startswith(LANGUAGE_MODEL):
+                    carried[key] = shard.get_tensor(key)
+    return carried
+
+
 def load_hf_state_dict(
     path: Path, config: ModelConfig, dtype: torch.dtype = torch.float32
 ) -> dict[str, Tensor]:
@@ -56,14 +91,14 @@ def load_hf_state_dict(
     the shared weights)."""
     last = config.num_hidden_layers + config.num_nextn_predict_layers
     flat: dict[str, Tensor] = {}
-    for key, tensor in read_hf_tensors(path).items():
+    for key, tensor in language_model_tensors(read_hf_tensors(path), config).items():
         layer = _LAYER_KEY.match(key)
         if layer and int(layer.group(1)) >= last:
             continue  # past the layers the config declares: no module would hold it
         if layer and key[layer.end() :] in _MTP_COPIES:
             continue
         flat[key] = tensor
-    scheme = scheme_from_config(config.extra.get("quantization_config"))
+    scheme = scheme_from_config(config.quantization_config)
     experts: dict[tuple[str, str], dict[int, Tensor]] = {}
     state: dict[str, Tensor] = {}
     for key, tensor in dequantize_checkpoint(flat, scheme, dtype).items():
@@ -113,22 +148,39 @@ def to_hf_state_dict(state: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
-def hf_tensors(state: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
+def hf_tensors(
+    state: dict[str, Tensor], config: ModelConfig, carried: dict[str, Tensor] | None = None
+) -> dict[str, Tensor]:
     """The tensors an HF export holds, by name: HF's keys, quantized as the base checkpoint
     was when its config carries a ``quantization_config`` (what a streamed weight push
-    sends, so that an engine loads the same bytes either way)."""
+    sends, so that an engine loads the same bytes either way). A multimodal checkpoint's
+    language model goes under ``language_model.``, beside ``carried`` (``wrapper_tensors``:
+    its vision tower and projector), which it needs."""
     tensors = to_hf_state_dict(state)
-    scheme = scheme_from_config(config.extra.get("quantization_config"))
+    scheme = scheme_from_config(config.quantization_config)
     if scheme is not None:
         tensors = quantize_checkpoint(tensors, scheme)
-    return tensors
+    if config.wrapper is None:
+        return tensors
+    if not carried:
+        raise ValueError(
+            "a multimodal checkpoint's export needs the tensors outside its language model "
+            "(wrapper_tensors of the source checkpoint)"
+        )
+    return {**carried, **{LANGUAGE_MODEL + key: tensor for key, tensor in tensors.items()}}
 
 
-def save_hf_checkpoint(state: dict[str, Tensor], config: ModelConfig, path: Path) -> None:
+def save_hf_checkpoint(
+    state: dict[str, Tensor],
+    config: ModelConfig,
+    path: Path,
+    carried: dict[str, Tensor] | None = None,
+) -> None:
     """Write ``config.json`` and safetensors shards (with an index when there are several),
-    quantized as the base checkpoint was when its config carries a ``quantization_config``."""
+    quantized as the base checkpoint was when its config carries a ``quantization_config``
+    (``carried``: as for ``hf_tensors``)."""
     path.mkdir(parents=True, exist_ok=True)
-    tensors = hf_tensors(state, config)
+    tensors = hf_tensors(state, config, carried)
     shards: list[dict[str, Tensor]] = [{}]
     size = 0
     for key in sorted(tensors):
