@@ -27,7 +27,7 @@ class TrainingSettings(BaseSettings):
     #: vLLM engines whose weights the trainer updates in place (their own base URLs).
     rl_engine_urls: list[str] = []
     #: The trainer's address the engines' workers connect to for a streamed weight push
-    #: (the chart sets the pod's IP); its port is chosen per push.
+    #: (an address they can reach when they run elsewhere); its port is chosen per push.
     rl_weight_sync_host: str = "127.0.0.1"
     rl_trajectory_stream: str = "cstack:rl:trajectories"
     rl_rollout_queue: str = "rollouts"

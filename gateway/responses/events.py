@@ -64,8 +64,11 @@ class ResponseEventWriter:
         self._sequence = 0
         self._started = False
         self._output: list[dict[str, Any]] = []
-        #: The reasoning or message item receiving text, and its output index.
+        #: The item receiving text (reasoning, message or function call), its output index,
+        #: and its text so far in pieces (joined when it closes: appending to a string in a
+        #: dict would copy the whole text at every delta).
         self._open: tuple[dict[str, Any], int] | None = None
+        self._pieces: list[str] = []
         #: Function call items by chat's tool call index: (item, output index).
         self._calls: dict[int, tuple[dict[str, Any], int]] = {}
         self._finish_reason: object = None
@@ -122,6 +125,7 @@ class ResponseEventWriter:
         return b"event: " + kind.encode() + b"\ndata: " + pydantic_core.to_json(body) + b"\n\n"
 
     def _snapshot(self, status: str, **fields: Any) -> dict[str, Any]:
+        self._flush()
         usage = response_usage(self.tally.usage) if status != "in_progress" else None
         output = self._output
         return {**self._response, "status": status, "output": output, "usage": usage, **fields}
@@ -174,7 +178,7 @@ class ResponseEventWriter:
             item["content"] = [part]
             self._open = (item, index)
         item, index = self._open
-        item["content"][0]["text"] += text
+        self._pieces.append(text)
         fields: dict[str, Any] = {"item_id": item["id"], "output_index": index, "content_index": 0}
         if kind == "message":
             fields["logprobs"] = []
@@ -192,23 +196,50 @@ class ResponseEventWriter:
             part=part,
         )
 
+    def _flush(self) -> None:
+        """The open item's text so far into the item (for a snapshot, or as it closes)."""
+        if self._open is None:
+            return
+        item, text = self._open[0], "".join(self._pieces)
+        if item["type"] == "function_call":
+            item["arguments"] = text
+        else:
+            item["content"][0]["text"] = text
+
     def _close_open(self, status: str) -> list[bytes]:
+        """Close the open item (its text's ``done``, its part's, its own) as ``status``."""
         if self._open is None:
             return []
+        self._flush()
         item, index = self._open
-        self._open = None
-        kind, part = item["type"], item["content"][0]
-        fields: dict[str, Any] = {"item_id": item["id"], "output_index": index, "content_index": 0}
-        if kind == "message":
-            fields["logprobs"] = []
+        self._open, self._pieces = None, []
         item["status"] = status
-        return [
-            self._event(f"response.{_PARTS[kind]}.done", text=part["text"], **fields),
-            self._part_event("done", item, index, part),
-            self._event("response.output_item.done", output_index=index, item=item),
-        ]
+        out: list[bytes]
+        if item["type"] == "function_call":
+            out = [
+                self._event(
+                    "response.function_call_arguments.done",
+                    item_id=item["id"], output_index=index,
+                    name=item["name"], arguments=item["arguments"],
+                )
+            ]  # fmt: skip
+        else:
+            kind, part = item["type"], item["content"][0]
+            fields: dict[str, Any] = {
+                "item_id": item["id"], "output_index": index, "content_index": 0
+            }  # fmt: skip
+            if kind == "message":
+                fields["logprobs"] = []
+            out = [
+                self._event(f"response.{_PARTS[kind]}.done", text=part["text"], **fields),
+                self._part_event("done", item, index, part),
+            ]
+        out.append(self._event("response.output_item.done", output_index=index, item=item))
+        return out
 
     def _tool_call(self, call: dict[str, Any]) -> list[bytes]:
+        """A call opens when its first delta arrives and closes when the next item opens
+        (vLLM streams one call after the other); a late delta of a closed call is dropped."""
         out: list[bytes] = []
         number = call.get("index", 0)
         function = call.get("function") if isinstance(call.get("function"), dict) else {}
@@ -226,10 +257,11 @@ class ResponseEventWriter:
             added, index = self._add_item(item)
             out.extend(added)
             self._calls[number] = (item, index)
+            self._open = (item, index)
         item, index = self._calls[number]
         arguments = function.get("arguments")
-        if isinstance(arguments, str) and arguments:
-            item["arguments"] += arguments
+        if isinstance(arguments, str) and arguments and self._open == (item, index):
+            self._pieces.append(arguments)
             out.append(
                 self._event(
                     "response.function_call_arguments.delta",
@@ -242,19 +274,7 @@ class ResponseEventWriter:
 
     def _complete(self) -> list[bytes]:
         status, incomplete = finish_status(self._finish_reason)
-        out = self._close_open(status)
-        for item, index in self._calls.values():
-            item["status"] = "completed"
-            out.append(
-                self._event(
-                    "response.function_call_arguments.done",
-                    item_id=item["id"],
-                    output_index=index,
-                    name=item["name"],
-                    arguments=item["arguments"],
-                )
-            )
-            out.append(self._event("response.output_item.done", output_index=index, item=item))
+        out = self._close_open(status)  # the last item: what max_output_tokens cut
         if not self._output:  # nothing generated: an empty answer is still a message
             item = message_item(item_id("message", self._request_id, 0), "", status)
             added, index = self._add_item(item)

@@ -104,7 +104,7 @@ class ResponseAssembler(ChatAssembler):
         calls = message.get("tool_calls") or []
         if message.get("content") or not calls:
             text = message.get("content") or ""
-            output.append(message_item(item_id("message", rid, len(output)), text, status))
+            output.append(message_item(item_id("message", rid, len(output)), text, "completed"))
         for number, call in enumerate(calls):
             output.append(
                 function_call_item(
@@ -115,6 +115,7 @@ class ResponseAssembler(ChatAssembler):
                     "completed",
                 )
             )
+        output[-1]["status"] = status  # the last item is what max_output_tokens cut
         return {
             **self._skeleton,
             "status": status,

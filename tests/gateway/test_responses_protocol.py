@@ -264,8 +264,8 @@ def test_a_stream_is_openais_events_and_ends_with_the_whole_response() -> None:
         "response.output_text.done", "response.content_part.done", "response.output_item.done",
         "response.output_item.added", "response.function_call_arguments.delta",
         "response.function_call_arguments.delta",
-        "response.output_item.added", "response.function_call_arguments.delta",
         "response.function_call_arguments.done", "response.output_item.done",
+        "response.output_item.added", "response.function_call_arguments.delta",
         "response.function_call_arguments.done", "response.output_item.done",
         "response.completed",
     ]  # fmt: skip

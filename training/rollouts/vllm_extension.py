@@ -61,11 +61,19 @@ class WeightReloadExtension:
         from the tensors it broadcasts, as they arrive; the MTP drafter (if any) then
         reloads from the ones it loads too. The tensors are an HF export's, so the result
         is a disk reload's, byte for byte."""
+        import contextlib
         import re
 
         from training.rollouts.weight_transport import TensorSpec, open_group, receive_buckets
 
+        # Whatever can fail on its own fails before joining: a rank that leaves the group
+        # midway leaves the others waiting on it until their timeout.
         plan = [[TensorSpec.from_json(spec) for spec in bucket] for bucket in buckets]
+        config = self.vllm_config  # type: ignore[attr-defined]
+        decoder_layers = config.model_config.hf_text_config.num_hidden_layers
+        wants_drafter = self._cstack_mtp_drafter() is not None
+        # A multimodal checkpoint (Kimi K2.5) holds the layers under language_model.
+        layer_key = re.compile(r"^(?:language_model\.)?model\.layers\.(\d+)\.")
         group = open_group(
             str(rendezvous["host"]),
             int(rendezvous["port"]),
@@ -74,9 +82,6 @@ class WeightReloadExtension:
             str(rendezvous["token"]),
             float(rendezvous["timeout_s"]),
         )
-        config = self.vllm_config  # type: ignore[attr-defined]
-        decoder_layers = config.model_config.hf_config.num_hidden_layers
-        wants_drafter = self._cstack_mtp_drafter() is not None
         # What the drafter loads: everything but the target's own decoder layers (its MTP
         # layers, the shared embedding and head, the final norm).
         for_drafter: list[tuple[str, Any]] = []
@@ -85,15 +90,22 @@ class WeightReloadExtension:
         def weights() -> Any:
             nonlocal received
             for name, tensor in receive_buckets(group, plan):
-                layer = re.match(r"^model\.layers\.(\d+)\.", name)
+                layer = layer_key.match(name)
                 if wants_drafter and not (layer and int(layer.group(1)) < decoder_layers):
                     for_drafter.append((name, tensor))
                 received += tensor.numel() * tensor.element_size()
                 yield name, tensor
 
         stream = weights()
-        self.reload_weights(weights_iterator=stream, is_checkpoint_format=True)  # type: ignore[attr-defined]
-        for _ in stream:  # every rank takes part in every broadcast, loaded or not
+        try:
+            self.reload_weights(weights_iterator=stream, is_checkpoint_format=True)  # type: ignore[attr-defined]
+        except BaseException:
+            # Every rank takes part in every broadcast: the others go on without waiting.
+            with contextlib.suppress(Exception):
+                for _ in stream:
+                    pass
+            raise
+        for _ in stream:  # what the reload left unread (nothing, for vLLM's loaders)
             pass
         result = self._cstack_finish_reload(for_drafter if wants_drafter else None)
         return {"received_bytes": received, "buckets": len(plan), **result}

@@ -20,6 +20,7 @@ pod's address, and each push resolves it again and updates each replica.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import secrets
 import socket
@@ -103,6 +104,8 @@ class VllmWeightSync:
     #: and the most bytes one broadcast carries.
     transport_host: str = "127.0.0.1"
     bucket_bytes: int = 64 * 2**20
+    #: How long the push's group waits for its ranks to join, and for any one broadcast.
+    transport_timeout_s: float = 120.0
 
     @property
     def _headers(self) -> dict[str, str]:
@@ -150,7 +153,9 @@ class VllmWeightSync:
         with self.gate.exclusive(drain_timeout_s=self.timeout_s) as version:
             new_version = version + 1
             for url in engines:
-                with self._paused(url, new_version) as client:
+                held: list[str] = []
+                with _left_paused(held), self._paused(url, new_version) as client:
+                    held.append(url)
                     rpc = {
                         "method": "cstack_reload_weights",
                         "kwargs": {"weights_path": str(Path(checkpoint).resolve())},
@@ -162,14 +167,19 @@ class VllmWeightSync:
     def push_weights(self, tensors: Mapping[str, torch.Tensor]) -> int:
         """Send ``tensors`` (an HF export's, ``hf_io.hf_tensors``) into every engine without
         writing them to disk (weight_transport.py): one broadcast reaches every worker of
-        every engine, each paused meanwhile. Returns the new policy version."""
+        every engine, all of them paused meanwhile. Returns the new policy version."""
         engines = self._engines()
+        self._check_transport_host(engines)
         workers = [self.check_engine(url) for url in engines]
         plan = plan_buckets(tensors, self.bucket_bytes)
         with self.gate.exclusive(drain_timeout_s=self.timeout_s) as version:
             new_version = version + 1
-            with ExitStack() as paused:
-                clients = [paused.enter_context(self._paused(u, new_version)) for u in engines]
+            paused_urls: list[str] = []
+            with _left_paused(paused_urls), ExitStack() as paused:
+                clients = []
+                for url in engines:
+                    clients.append(paused.enter_context(self._paused(url, new_version)))
+                    paused_urls.append(url)
                 if engines:
                     self._stream(engines, clients, workers, tensors, plan)
             self.gate.set_version(new_version)
@@ -178,23 +188,40 @@ class VllmWeightSync:
     def _engines(self) -> list[str]:
         return [replica for url in self.engine_urls for replica in replica_urls(url)]
 
+    def _check_transport_host(self, engines: list[str]) -> None:
+        """Refuse, before pausing anything, a loopback address that remote engines would
+        take for their own."""
+        if not _is_loopback(self.transport_host):
+            return
+        remote = [url for url in engines if not _is_loopback(urlsplit(url).hostname or "")]
+        if remote:
+            raise WeightSyncError(
+                f"{remote[0]}: a streamed push needs an address of this trainer that the "
+                f"engine can reach, not {self.transport_host} (set CSTACK_RL_WEIGHT_SYNC_HOST)"
+            )
+
     @contextmanager
     def _paused(self, url: str, version: int) -> Iterator[httpx.Client]:
         """The engine paused (its running requests finished on the old weights) while the
-        caller reloads it through the client; then its cache reset, version set, resumed."""
+        caller reloads it through the client; then its cache reset, version set, resumed.
+
+        A reload that fails may have loaded part of the new weights: the engine stays
+        paused rather than serve a policy that never existed under the old version's
+        name (its cache of the old weights dropped); the next push resumes it."""
         with httpx.Client(base_url=url, headers=self._headers, timeout=self.timeout_s) as client:
             _check(client.post("/pause", params={"mode": "wait"}), url, "/pause")
             try:
                 yield client
-                _check(client.post("/reset_prefix_cache"), url, "/reset_prefix_cache")
-                update = {"new_version": str(version)}
-                _check(
-                    client.post("/update_weight_version", json=update),
-                    url,
-                    "/update_weight_version",
-                )
-            finally:
-                _check(client.post("/resume"), url, "/resume")
+            except BaseException:
+                with contextlib.suppress(httpx.HTTPError):
+                    client.post("/reset_prefix_cache")
+                raise
+            _check(client.post("/reset_prefix_cache"), url, "/reset_prefix_cache")
+            update = {"new_version": str(version)}
+            _check(
+                client.post("/update_weight_version", json=update), url, "/update_weight_version"
+            )
+            _check(client.post("/resume"), url, "/resume")
 
     def _stream(
         self,
@@ -206,42 +233,93 @@ class VllmWeightSync:
     ) -> None:
         """Rank 0 of the push's group: every engine's workers join it through one
         ``/collective_rpc`` each (answered once they have reloaded), meanwhile the buckets
-        go out."""
+        go out. A failure names each engine with its answer."""
         listening = listen_socket(self.transport_host)
         port = listening.getsockname()[1]
         token = secrets.token_hex(16)
         world_size = 1 + sum(workers)
         manifest = [[spec.as_json() for spec in bucket] for bucket in plan]
         answers: list[httpx.Response | BaseException | None] = [None] * len(urls)
+        # The answer comes once the worker has reloaded: no read timeout on it; the group's
+        # own timeout bounds every step of the transfer.
+        rpc_timeout = httpx.Timeout(self.timeout_s, read=None)
 
         def join(index: int) -> None:
             rendezvous = {
                 "host": self.transport_host, "port": port, "token": token,
                 "world_size": world_size, "first_rank": 1 + sum(workers[:index]),
-                "timeout_s": self.timeout_s,
+                "timeout_s": self.transport_timeout_s,
             }  # fmt: skip
             rpc = {
                 "method": "cstack_receive_weights",
                 "kwargs": {"rendezvous": rendezvous, "buckets": manifest},
             }
             try:
-                answers[index] = clients[index].post("/collective_rpc", json=rpc)
+                answers[index] = clients[index].post(
+                    "/collective_rpc", json=rpc, timeout=rpc_timeout
+                )
             except BaseException as err:  # reported below, with the engine's URL
                 answers[index] = err
 
         threads = [threading.Thread(target=join, args=(i,), daemon=True) for i in range(len(urls))]
         for thread in threads:
             thread.start()
+        group = None
         try:
             group = open_group(
-                self.transport_host, port, 0, world_size, token, self.timeout_s, listening
-            )
+                self.transport_host, port, 0, world_size, token, self.transport_timeout_s,
+                listening,
+            )  # fmt: skip
             send_buckets(group, tensors, plan)
-        finally:
-            listening.close()
+        except Exception as err:
+            group = None  # its store and connections closed, so that workers stop waiting
             for thread in threads:
-                thread.join(self.timeout_s)
+                thread.join(self.transport_timeout_s)
+            raise WeightSyncError(
+                f"streamed push failed: {err}; {_answers(urls, answers)}"
+            ) from err
+        finally:
+            group = None
+            listening.close()
+        for thread in threads:
+            thread.join(self.timeout_s)
         for url, answer in zip(urls, answers, strict=True):
+            if answer is None:
+                raise WeightSyncError(f"{url}: no answer within {self.timeout_s:.0f} s of the push")
             if not isinstance(answer, httpx.Response):
                 raise WeightSyncError(f"{url}: streamed reload failed: {answer}")
             _check(answer, url, "streamed reload")
+
+
+@contextmanager
+def _left_paused(urls: list[str]) -> Iterator[None]:
+    """A failure once ``urls`` are paused says so: they stay paused (``_paused``)."""
+    try:
+        yield
+    except Exception as err:
+        if not urls:
+            raise
+        raise WeightSyncError(
+            f"{err}. Left paused, their weights possibly part new: {', '.join(urls)}; "
+            "push again to resume them"
+        ) from err
+
+
+def _answers(urls: list[str], answers: list[httpx.Response | BaseException | None]) -> str:
+    """Each engine with what it answered, for an error message."""
+    parts = []
+    for url, answer in zip(urls, answers, strict=True):
+        if isinstance(answer, httpx.Response):
+            parts.append(f"{url} answered {answer.status_code}: {answer.text[:200]}")
+        else:
+            parts.append(f"{url}: {answer or 'no answer'}")
+    return "; ".join(parts)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

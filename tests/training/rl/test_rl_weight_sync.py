@@ -104,7 +104,7 @@ def test_a_streamed_push_loads_exactly_what_a_disk_push_loads(
     original checkpoint back restores the engine bit for bit."""
     from training.models.deepseek_v3.hf_io import read_hf_tensors
     from training.rollouts.gate import PolicyVersionGate
-    from training.rollouts.weight_sync import VllmWeightSync
+    from training.rollouts.weight_sync import VllmWeightSync, WeightSyncError
 
     if httpx.get(f"{vllm_url}/is_paused", timeout=30).status_code == 404:
         pytest.skip("this vLLM runs without VLLM_SERVER_DEV_MODE=1 (no weight reload endpoints)")
@@ -127,8 +127,31 @@ def test_a_streamed_push_loads_exactly_what_a_disk_push_loads(
         assert sync.push_weights(read_hf_tensors(tiny_model)) == 4
         assert _digests(vllm_url) == digests
         assert _greedy(vllm_url) == original
+
+        # A worker that fails mid-push (a tensor its model has no place for) answers with
+        # its error at once (the push does not wait out the group's timeout), and the
+        # engine stays paused, as it may hold part of the new weights; the version stays.
+        broken = {**read_hf_tensors(tiny_model), "model.no_such.weight": torch.zeros(4)}
+        with pytest.raises(WeightSyncError, match=r"streamed reload.*Left paused"):
+            sync.push_weights(broken)
+        assert httpx.get(f"{vllm_url}/is_paused", timeout=30).json()["is_paused"] is True
+        assert gate.version() == 4
     finally:
         sync.push(tiny_model)  # leave the shared engine as we found it, whatever failed
+    assert httpx.get(f"{vllm_url}/is_paused", timeout=30).json()["is_paused"] is False
+
+
+def test_a_streamed_push_to_remote_engines_needs_a_reachable_address(redis_url: str) -> None:
+    """Remote engines would take the default loopback address for their own: refused
+    before anything is paused, naming the setting."""
+    from training.rollouts.gate import PolicyVersionGate
+    from training.rollouts.weight_sync import VllmWeightSync, WeightSyncError
+
+    gate = PolicyVersionGate(redis.Redis.from_url(redis_url), prefix=f"sync-{uuid.uuid4().hex}")
+    sync = VllmWeightSync(["http://10.255.0.1:8000"], gate, timeout_s=5)
+    with pytest.raises(WeightSyncError, match="CSTACK_RL_WEIGHT_SYNC_HOST"):
+        sync.push_weights({"lm_head.weight": torch.zeros(2)})
+    assert gate.version() == 0
 
 
 def test_engine_without_dev_endpoints_is_named(redis_url: str, tmp_path: Path) -> None:
