@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import shutil
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -182,8 +183,14 @@ def observed(
         # only increases Prometheus saw happen: so a first round creates the series, and
         # once they are scraped a second round is what the rates and quantiles see.
         codes = send_traffic(gateway_url, redis)
+        # Both the completions' series and the refusals' (the round's last requests: a
+        # scrape between the two would leave the refusals a single sample, after round 2,
+        # and rate() nothing to compute).
         wait_until(
-            lambda: len(api.query("cstack_time_to_first_token_seconds_count")) == 2,
+            lambda: (
+                len(api.query("cstack_time_to_first_token_seconds_count")) == 2
+                and len(api.query("cstack_admission_refusals_total")) == 2
+            ),
             30,
             "the first round's series to be scraped",
         )
@@ -211,6 +218,14 @@ def observed(
             ),
             120,
             "a Stripe invoice item to be sent and scraped",
+        )
+        # One more scrape of every target after all of it: every series, however late it
+        # was born, then has two samples, which rate() and increase() need.
+        settled = time.time()
+        wait_until(
+            lambda: min(float(s["value"][1]) for s in api.query("timestamp(up)")) > settled,
+            30,
+            "every target to be scraped once more",
         )
         yield ObservedStack(api, env["CSTACK_LEDGER_URL"], stripe, codes)
     finally:
