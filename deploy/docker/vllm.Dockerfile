@@ -1,8 +1,9 @@
 # syntax=docker/dockerfile:1
-# vLLM on the upstream image, plus a non-root user and two modules: the chart renders the
+# vLLM on the upstream image, plus a non-root user and three modules: the chart renders the
 # engine arguments from serving/variants.yaml, so nothing else composer-specific is baked
 # in. The modules are the weight-reload worker extension (`weight_sync` in the variants
-# file), which the trainer's live weight pushes need, and the tiny checkpoint's reasoning
+# file) with the transport its streamed pushes arrive by (torch only), which the
+# trainer's live weight pushes need, and the tiny checkpoint's reasoning
 # parser (the cpu profile's `reasoning-parser-plugin`); the package files above them
 # import nothing (their exports load lazily), so the image needs no other project code.
 #   docker build -f deploy/docker/vllm.Dockerfile -t composer-stack/vllm:0.32.0 .
@@ -15,6 +16,7 @@ ENV HOME=/scratch \
 COPY training/__init__.py /opt/cstack/training/__init__.py
 COPY training/rollouts/__init__.py /opt/cstack/training/rollouts/__init__.py
 COPY training/rollouts/vllm_extension.py /opt/cstack/training/rollouts/vllm_extension.py
+COPY training/rollouts/weight_transport.py /opt/cstack/training/rollouts/weight_transport.py
 COPY serving/__init__.py /opt/cstack/serving/__init__.py
 COPY serving/reasoning.py /opt/cstack/serving/reasoning.py
 ENV PYTHONPATH=/opt/cstack

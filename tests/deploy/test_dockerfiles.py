@@ -69,29 +69,27 @@ def test_vllm_image_ships_its_plugins_and_nothing_they_need_besides(
         destination.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / source, destination)
     assert ("ENV", "PYTHONPATH=/opt/cstack") in instructions("vllm")
-    extension = load_variants(REPO / "serving" / "variants.yaml").weight_sync.engine_args[
-        "worker-extension-cls"
-    ]
-    module, _, name = str(extension).rpartition(".")
-    probe = f"import importlib; print(getattr(importlib.import_module({module!r}), {name!r}))"
-    result = subprocess.run(
-        [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(tmp_path)!r}); {probe}"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
+    # The build context admits exactly what the image copies.
+    ignore = (REPO / "deploy" / "docker" / "vllm.Dockerfile.dockerignore").read_text()
+    admitted = {line[1:] for line in ignore.splitlines() if line.startswith("!")}
+    assert admitted == {source for source, _ in copies}
+    variants = load_variants(REPO / "serving" / "variants.yaml")
+    module, _, name = str(variants.weight_sync.engine_args["worker-extension-cls"]).rpartition(".")
+    assert name in _import_from(tmp_path, f"getattr(importlib.import_module({module!r}), {name!r})")
+    # What a streamed push's worker imports, inside the extension's method.
+    assert "open_group" in _import_from(
+        tmp_path, "dir(importlib.import_module('training.rollouts.weight_transport'))"
     )
-    assert result.returncode == 0, result.stderr
-    assert name in result.stdout
     # The cpu profile's reasoning parser plugin imports from the copies alone too.
-    plugin = load_variants(REPO / "serving" / "variants.yaml").engine_args("shared", "cpu")[
-        "reasoning-parser-plugin"
-    ]
-    probe = f"import importlib; print(importlib.import_module({plugin!r}).NAME)"
+    plugin = variants.engine_args("shared", "cpu")["reasoning-parser-plugin"]
+    assert _import_from(tmp_path, f"importlib.import_module({plugin!r}).NAME") == "composer_tiny"
+
+
+def _import_from(root: Path, expression: str) -> str:
+    """``expression`` printed by an isolated interpreter that sees only ``root``'s files."""
+    probe = f"import importlib, sys; sys.path.insert(0, {str(root)!r}); print({expression})"
     result = subprocess.run(
-        [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(tmp_path)!r}); {probe}"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
+        [sys.executable, "-I", "-c", probe], capture_output=True, text=True, cwd=root
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "composer_tiny"
+    return result.stdout.strip()
