@@ -71,35 +71,31 @@ class Policy(StrEnum):
 _POLICY_KEY = "x-cstack-policy"
 
 
-def ignored(note: str) -> Any:
-    """An IGNORED field: validated by its type, never dumped into vLLM's body."""
+def _marked(policy: Policy, description: str) -> Any:
+    """A field of ``policy`` other than PASSED: optional, never dumped into vLLM's body
+    (``model_dump``), its policy in its schema extras (``field_policy`` reads it)."""
     return Field(
         default=None,
         exclude=True,
-        description=note,
-        json_schema_extra={_POLICY_KEY: Policy.IGNORED.value},
+        description=description,
+        json_schema_extra={_POLICY_KEY: policy.value},
     )
+
+
+def ignored(note: str) -> Any:
+    """An IGNORED field: validated by its type, never dumped into vLLM's body."""
+    return _marked(Policy.IGNORED, note)
 
 
 def applied(note: str) -> Any:
     """An APPLIED field: validated by its type, translated for vLLM by the gateway."""
-    return Field(
-        default=None,
-        exclude=True,
-        description=note,
-        json_schema_extra={_POLICY_KEY: Policy.APPLIED.value},
-    )
+    return _marked(Policy.APPLIED, note)
 
 
 def refused(why: str) -> Any:
     """A REFUSED field: its type admits only values that ask for nothing; any other value
     is a 400 with ``why`` as the reason (``validation_to_error``)."""
-    return Field(
-        default=None,
-        exclude=True,
-        description=why,
-        json_schema_extra={_POLICY_KEY: Policy.REFUSED.value},
-    )
+    return _marked(Policy.REFUSED, why)
 
 
 class StreamOptions(OpenAIModel):
