@@ -96,25 +96,33 @@ return {'ok', req[3], math.ceil(req[1] - now), tok[3], math.ceil(tok[1] - now), 
   string.format('%d', cap - used - reserved)}
 """
 
-# Keys: 1 usage stream, 2 settled marker of the request.
-# Argv: 1 budget key prefix, 2 period, 3 request id, 4 allowance consumed nano,
-#       5 event json, 6 marker ttl s.
+# Settles a batch of requests (billing/settlement.py), each exactly once.
+# Keys: 1 usage stream, then the settled marker of each request.
+# Argv: 1 marker ttl s, then five per request: budget key prefix, period, request id,
+#       allowance consumed nano, event json.
+# Returns, per request, 1 if this call settled it, 0 if it was settled before.
 SETTLE = """
-if not redis.call('SET', KEYS[2], '1', 'NX', 'EX', ARGV[6]) then
-  return 0
+local settled = {}
+for i = 2, #KEYS do
+  local a = (i - 2) * 5 + 1
+  if redis.call('SET', KEYS[i], '1', 'NX', 'EX', ARGV[1]) then
+    local bkey = ARGV[a + 1] .. ARGV[a + 2]
+    local akey = bkey .. ':resv-amount'
+    local amount = redis.call('HGET', akey, ARGV[a + 3])
+    if amount then
+      redis.call('HINCRBY', bkey, 'reserved', '-' .. amount)
+      redis.call('HDEL', akey, ARGV[a + 3])
+      redis.call('ZREM', bkey .. ':resv', ARGV[a + 3])
+    end
+    redis.call('HINCRBY', bkey, 'used', ARGV[a + 4])
+    redis.call('EXPIRE', bkey, 70 * 86400)
+    redis.call('XADD', KEYS[1], '*', 'event', ARGV[a + 5])
+    settled[i - 1] = 1
+  else
+    settled[i - 1] = 0
+  end
 end
-local bkey = ARGV[1] .. ARGV[2]
-local akey = bkey .. ':resv-amount'
-local amount = redis.call('HGET', akey, ARGV[3])
-if amount then
-  redis.call('HINCRBY', bkey, 'reserved', '-' .. amount)
-  redis.call('HDEL', akey, ARGV[3])
-  redis.call('ZREM', bkey .. ':resv', ARGV[3])
-end
-redis.call('HINCRBY', bkey, 'used', ARGV[4])
-redis.call('EXPIRE', bkey, 70 * 86400)
-redis.call('XADD', KEYS[1], '*', 'event', ARGV[5])
-return 1
+return settled
 """
 
 # Keys: the reservation sorted set of each reservation renewed (one key per entry).

@@ -1,12 +1,13 @@
 """The real Meter: admission and settlement against Redis, usage events to a stream.
 
-``admit`` runs one Lua script (rate limits, suspension, cost reservation) and ``settle``
-another (release the reservation, count the actual cost, append the usage event), so both
-hooks cost one Redis round trip, shared with the other requests' calls of the moment
-(``billing.batching``). Reservations of requests in flight are renewed in the
-background, one call per process per third of their TTL (``billing.reservations``). When
-Redis is unreachable, settlement goes to the disk spool and admission refuses or admits
-on a bounded per-process allowance, as configured (``billing.outage``).
+``admit`` runs one Lua script (rate limits, suspension, cost reservation), sharing a Redis
+round trip with the other requests' calls of the moment (``billing.batching``). ``settle``
+runs another (release the reservation, count the actual cost, append the usage event),
+one call for the settlements of a few milliseconds (``billing.settlement``). Reservations
+of requests in flight are renewed in the background, one call per process per third of
+their TTL (``billing.reservations``). When Redis is unreachable, settlement goes to the
+disk spool and admission refuses or admits on a bounded per-process allowance, as
+configured (``billing.outage``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from billing.outage import LocalAllowance
 from billing.pricing import PriceBook, PriceBookError, pricebook_from_path, worst_case_charge
 from billing.reservations import ReservationKeeper
 from billing.settings import BillingSettings
+from billing.settlement import Record, SettlementQueue
 from billing.spool import UsageSpool
 from serving.tiers import TIERS
 
@@ -105,6 +107,9 @@ class RedisMeter:
             )
         )
         self._scripts = ScriptBatcher(self.redis)
+        self._settlements = SettlementQueue(
+            self._send, window_s=settings.settle_batch_window_ms / 1000
+        )
         renew_script = self.redis.register_script(RENEW)
         self.reservations = ReservationKeeper(
             lambda keys, args: renew_script(keys=keys, args=args), settings.reservation_ttl_s
@@ -260,7 +265,7 @@ class RedisMeter:
             "event": event.model_dump_json(),
         }
         try:
-            await self._send(record)
+            await self._settlements.submit(record)
         except REDIS_DOWN as exc:
             logger.warning("Redis unreachable (%s); spooling usage event %s", exc, event.event_id)
             await asyncio.to_thread(self.spool.append, record)
@@ -272,19 +277,23 @@ class RedisMeter:
                 await self.replay_spool()
         metrics.usage_events.labels(event.tier, event.outcome).inc()
 
-    async def _send(self, record: dict[str, Any]) -> None:
-        await self._scripts.call(
-            SETTLE_SCRIPT,
-            [self.settings.usage_stream, f"cstack:settled:{record['event_id']}"],
-            [
+    async def _send(self, records: list[Record]) -> None:
+        """Settle ``records`` in one script call (each at most once, by its marker)."""
+        keys = [self.settings.usage_stream]
+        args: list[str | int] = [SETTLED_MARKER_TTL_S]
+        for record in records:
+            keys.append(f"cstack:settled:{record['event_id']}")
+            args += [
                 record["budget_prefix"],
                 record["period"],
                 record["event_id"],
                 int(record["allowance_nano_usd"]),
                 record["event"],
-                SETTLED_MARKER_TTL_S,
-            ],
-        )
+            ]
+        await self._scripts.call(SETTLE_SCRIPT, keys, args)
+
+    async def _send_one(self, record: Record) -> None:
+        await self._send([record])
 
     async def replay_spool(self) -> int:
         """Send every spooled event (this process's and any dead process's) to Redis."""
@@ -293,7 +302,7 @@ class RedisMeter:
         async with self._replay_lock:
             self._next_spool_scan = time.monotonic() + SPOOL_RESCAN_S
             try:
-                sent = await self.spool.replay(self._send)
+                sent = await self.spool.replay(self._send_one)
             except REDIS_DOWN as exc:
                 logger.warning("spool replay stopped, Redis unreachable again: %s", exc)
                 sent = 0
@@ -304,6 +313,7 @@ class RedisMeter:
             return sent
 
     async def aclose(self) -> None:
+        await self._settlements.aclose()
         await self._scripts.aclose()
         await self.reservations.aclose()
         try:

@@ -48,6 +48,11 @@ class BillingSettings(BaseSettings):
     redis_down_allowance_requests: int = Field(default=500, ge=0)
     #: Connect/read timeout of Redis calls.
     redis_timeout_s: float = 2.0
+    #: Settlements (after the response has gone) wait up to this long to be sent to Redis
+    #: together, one script call for all (0: only those of the same moment go together).
+    #: Longer windows spend less gateway CPU per request; the budget is still held by the
+    #: request's reservation until its settlement lands.
+    settle_batch_window_ms: float = Field(default=5.0, ge=0, le=1000)
     #: Connections per process; callers beyond it wait for one instead of opening more,
     #: so a burst of requests cannot stampede Redis with connects.
     redis_max_connections: int = 64

@@ -93,6 +93,7 @@ class _Parts:
     store: KeyStore
     auth: Authenticator
     upstreams: Upstreams
+    relay: Relay
     generation: GenerationHandler
 
 
@@ -128,14 +129,11 @@ def _build_parts(settings: GatewaySettings, meter: Meter, worker: int) -> _Parts
         api_key=settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None,
         routing=settings.routing,
     )
+    relay = Relay(upstreams.pools, meter, metrics)
     generation = GenerationHandler(
-        settings,
-        auth,
-        TierRouter.from_settings(settings, book),
-        meter,
-        Relay(upstreams.pools, meter, metrics),
+        settings, auth, TierRouter.from_settings(settings, book), meter, relay
     )
-    return _Parts(metrics, redis, store, auth, upstreams, generation)
+    return _Parts(metrics, redis, store, auth, upstreams, relay, generation)
 
 
 def worker_slot_policies(
@@ -163,6 +161,7 @@ def _lifespan(
         finally:
             await parts.auth.aclose()
             await parts.upstreams.aclose()
+            await parts.relay.aclose()
             await meter.aclose()
             await usage.aclose()
             await parts.redis.aclose()  # type: ignore[attr-defined]  # stubs predate aclose

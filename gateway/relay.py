@@ -20,7 +20,6 @@ from typing import Any, TypeVar
 
 import pydantic_core
 from fastapi.responses import Response
-from starlette.background import BackgroundTask
 from starlette.types import Receive, Scope, Send
 
 from billing.meter import Admission, Meter, Outcome, UsageReport
@@ -112,6 +111,7 @@ class Relay:
         self._tokens_out = {tier: metrics.tokens.labels(tier, "output") for tier in pools}
         self._ttft = {tier: metrics.ttft.labels(tier) for tier in pools}
         self._overflows = metrics.tier_overflows
+        self._settling: set[asyncio.Task[None]] = set()
 
     def max_model_len(self, tier: str) -> int | None:
         """The context length of the tier's engines, once every replica has reported it."""
@@ -135,6 +135,17 @@ class Relay:
             return False
         self._overflows.inc()
         return True
+
+    def settle_soon(self, exchange: Exchange, outcome: Outcome, usage: dict[str, Any]) -> None:
+        """Settle in a task of its own, once the answer is complete: the client does not
+        wait for billing's write (``aclose`` waits for it instead)."""
+        task = asyncio.get_running_loop().create_task(self.settle(exchange, outcome, usage))
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+
+    async def aclose(self) -> None:
+        """Wait for the settlements still under way (before the meter closes)."""
+        await asyncio.gather(*self._settling, return_exceptions=True)
 
     async def settle(self, exchange: Exchange, outcome: Outcome, usage: dict[str, Any]) -> None:
         """Report usage once; billing errors are logged, never turned into client errors."""
@@ -258,14 +269,13 @@ class Relay:
         data = assembler.answer()
         data["model"] = exchange.route.public_model
         data["service_tier"] = ANSWER_SERVICE_TIERS[exchange.route.tier]
-        # Settled once the body is on its way: billing's Redis write adds no latency.
-        settle = BackgroundTask(self.settle, exchange, "complete", assembler.usage)
-        return Response(
+        response = Response(
             pydantic_core.to_json(data),
             media_type="application/json",
             headers=exchange.admission.headers,
-            background=settle,
         )
+        self.settle_soon(exchange, "complete", assembler.usage)
+        return response
 
     async def stream(
         self, exchange: Exchange, receive: Receive, path: str, body: bytes, rewriter: EventWriter
@@ -337,7 +347,7 @@ class Relay:
             raise
         finally:
             upstream.close()
-            await self.settle(exchange, outcome, rewriter.usage)
+            self.settle_soon(exchange, outcome, rewriter.usage)
 
 
 MAX_DURATION_CODE = "max_duration_exceeded"
