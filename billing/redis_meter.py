@@ -30,6 +30,7 @@ from billing.meter import Admission, AdmissionRefused, AdmissionRequest, UsageRe
 from billing.outage import LocalAllowance
 from billing.pricing import PriceBook, PriceBookError, pricebook_from_path, worst_case_charge
 from billing.reservations import ReservationKeeper
+from billing.resp import RespConnection
 from billing.settings import BillingSettings
 from billing.settlement import Record, SettlementQueue
 from billing.spool import UsageSpool
@@ -92,11 +93,10 @@ class RedisMeter:
         settings: BillingSettings,
         *,
         book: PriceBook | None = None,
-        redis: Redis | None = None,
     ) -> None:
         self.settings = settings
         self.book = book or pricebook_from_path(settings.pricebook_path)
-        self.redis = redis or Redis(
+        self.redis = Redis(
             connection_pool=BlockingConnectionPool.from_url(
                 settings.redis_url,
                 max_connections=settings.redis_max_connections,
@@ -106,7 +106,10 @@ class RedisMeter:
                 socket_connect_timeout=settings.redis_timeout_s,
             )
         )
-        self._scripts = ScriptBatcher(self.redis)
+        self._scripts = ScriptBatcher(
+            RespConnection(settings.redis_url, timeout_s=settings.redis_timeout_s),
+            [ADMIT_SCRIPT, SETTLE_SCRIPT],
+        )
         self._settlements = SettlementQueue(
             self._send, window_s=settings.settle_batch_window_ms / 1000
         )

@@ -1,64 +1,63 @@
-"""Script calls batched into pipelines (``billing.batching``), against a real Valkey: each
-caller gets its own reply in call order, concurrent calls share round trips, scripts are
-reloaded after Redis forgets them, and a batch that cannot be sent fails every call in it
-with the error a lone call would have had."""
+"""Script calls on one pipelined connection (``billing.batching``, ``billing.resp``),
+against a real Valkey: each caller gets its own reply in call order, concurrent calls
+share writes, scripts are sent again after Redis forgets them, a connection that cannot be
+made or stops answering fails every call waiting on it with redis-py's error, and the
+password and db of the URL are used."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
+from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import urlparse
 
 import pytest
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 
 from billing.batching import Script, ScriptBatcher
+from billing.resp import RespConnection, command
 
 #: Appends ARGV[1] to the list KEYS[1] and returns the list's new length.
 APPEND = Script("return redis.call('RPUSH', KEYS[1], ARGV[1])")
 FAIL = Script("return redis.error_reply('ERR refused ' .. ARGV[1])")
 
 
-class CountingBatcher(ScriptBatcher):
-    def __init__(self, redis: Redis) -> None:
-        super().__init__(redis)
-        self.round_trips = 0
-
-    async def _pipeline(self, batch: Any) -> list[Any]:
-        self.round_trips += 1
-        return await super()._pipeline(batch)
-
-
-def run(redis_url: str, scenario: Any) -> Any:
+def run(
+    redis_url: str,
+    scenario: Callable[[ScriptBatcher, Redis], Awaitable[Any]],
+    timeout_s: float = 5,
+) -> Any:
     async def main() -> Any:
         redis = Redis.from_url(redis_url)
+        batcher = ScriptBatcher(RespConnection(redis_url, timeout_s=timeout_s), [APPEND])
         try:
-            return await scenario(redis)
+            return await scenario(batcher, redis)
         finally:
+            await batcher.aclose()
             await redis.aclose()  # type: ignore[attr-defined]
 
     return asyncio.run(main())
 
 
-def test_concurrent_calls_share_round_trips_and_keep_their_order(redis_url: str) -> None:
-    async def scenario(redis: Redis) -> tuple[list[int], list[bytes], int]:
+def test_concurrent_calls_share_writes_and_keep_their_order(redis_url: str) -> None:
+    async def scenario(batcher: ScriptBatcher, redis: Redis) -> tuple[Any, ...]:
         await redis.delete("batching:order")
-        batcher = CountingBatcher(redis)
         replies = await asyncio.gather(
             *(batcher.call(APPEND, ["batching:order"], [str(i)]) for i in range(200))
         )
-        stored = await redis.lrange("batching:order", 0, -1)
-        return replies, stored, batcher.round_trips
+        return replies, await redis.lrange("batching:order", 0, -1), batcher.connection.writes
 
-    replies, stored, round_trips = run(redis_url, scenario)
+    replies, stored, writes = run(redis_url, scenario)
     assert replies == list(range(1, 201))  # each caller its own reply
     assert stored == [str(i).encode() for i in range(200)]  # run in the order called
-    assert round_trips < 10  # the first call alone, then the rest together
+    assert writes < 10  # the first call alone, then the rest together
 
 
 def test_a_lone_call_goes_at_once_and_errors_reach_only_their_caller(redis_url: str) -> None:
-    async def scenario(redis: Redis) -> tuple[Any, ...]:
-        batcher = CountingBatcher(redis)
+    async def scenario(batcher: ScriptBatcher, redis: Redis) -> tuple[Any, ...]:
+        await redis.delete("batching:alone", "batching:mixed")
         alone = await asyncio.wait_for(batcher.call(APPEND, ["batching:alone"], ["x"]), 5)
         mixed = await asyncio.gather(
             batcher.call(APPEND, ["batching:mixed"], ["a"]),
@@ -66,18 +65,16 @@ def test_a_lone_call_goes_at_once_and_errors_reach_only_their_caller(redis_url: 
             batcher.call(APPEND, ["batching:mixed"], ["c"]),
             return_exceptions=True,
         )
-        return alone, mixed, batcher.round_trips
+        return alone, mixed
 
-    run(redis_url, lambda redis: redis.delete("batching:alone", "batching:mixed"))
-    alone, (first, failed, third), round_trips = run(redis_url, scenario)
-    assert alone == 1 and round_trips == 3  # alone; then the first of three; then two
+    alone, (first, failed, third) = run(redis_url, scenario)
+    assert alone == 1
     assert (first, third) == (1, 2)
     assert isinstance(failed, redis_errors.ResponseError) and "refused b" in str(failed)
 
 
-def test_scripts_are_loaded_again_after_redis_forgets_them(redis_url: str) -> None:
-    async def scenario(redis: Redis) -> list[int]:
-        batcher = ScriptBatcher(redis)
+def test_scripts_are_sent_again_after_redis_forgets_them(redis_url: str) -> None:
+    async def scenario(batcher: ScriptBatcher, redis: Redis) -> list[int]:
         await redis.delete("batching:flushed")
         await batcher.call(APPEND, ["batching:flushed"], ["before"])
         await redis.script_flush()
@@ -90,32 +87,96 @@ def test_scripts_are_loaded_again_after_redis_forgets_them(redis_url: str) -> No
     assert run(redis_url, scenario) == [2, 3, 4, 5, 6]  # each ran exactly once
 
 
-def test_an_unreachable_redis_fails_every_call_of_the_batch() -> None:
+def test_an_unreachable_redis_fails_every_call_waiting() -> None:
     async def scenario() -> list[Any]:
-        redis = Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=1)
-        batcher = ScriptBatcher(redis)
-        try:
-            return list(
-                await asyncio.gather(
-                    *(batcher.call(APPEND, ["k"], [str(i)]) for i in range(3)),
-                    return_exceptions=True,
-                )
+        batcher = ScriptBatcher(RespConnection("redis://127.0.0.1:1/0", timeout_s=1))
+        return list(
+            await asyncio.gather(
+                *(batcher.call(APPEND, ["k"], [str(i)]) for i in range(3)),
+                return_exceptions=True,
             )
-        finally:
-            await redis.aclose()  # type: ignore[attr-defined]
+        )
 
     errors = asyncio.run(scenario())
     assert len(errors) == 3
     assert all(isinstance(e, redis_errors.ConnectionError) for e in errors)
+    assert all(str(e).startswith("Error connecting to 127.0.0.1:1") for e in errors)
+
+
+def test_a_redis_that_stops_answering_times_out_and_the_next_call_reconnects(
+    redis_url: str,
+) -> None:
+    """A server that accepts and never answers: connecting times out ("Timeout connecting",
+    the handshake got no reply); a Redis that answered and then goes silent mid-call gives
+    "Timeout reading" (the script may have run), and the connection is made again."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen()
+    port = silent.getsockname()[1]
+
+    async def connect_to_silent() -> BaseException:
+        connection = RespConnection(f"redis://:pw@127.0.0.1:{port}/0", timeout_s=0.3)
+        try:
+            await connection.request(command(b"PING"))
+        except BaseException as exc:
+            return exc
+        raise AssertionError("a silent server answered")
+
+    try:
+        error = asyncio.run(connect_to_silent())
+    finally:
+        silent.close()
+    assert isinstance(error, redis_errors.TimeoutError)
+    assert str(error).startswith("Timeout connecting")
+
+    async def scenario(batcher: ScriptBatcher, redis: Redis) -> tuple[Any, ...]:
+        connection = batcher.connection
+        assert await connection.request(command(b"PING")) == b"PONG"
+        await redis.execute_command("CLIENT", "PAUSE", 1000, "ALL")  # answers nobody for 1 s
+        try:
+            await batcher.call(APPEND, ["batching:paused"], ["x"])
+        except redis_errors.TimeoutError as exc:
+            stalled = exc
+        await asyncio.sleep(1.2)  # Redis answers again
+        return stalled, await connection.request(command(b"PING"))
+
+    stalled, again = run(redis_url, scenario, timeout_s=0.3)
+    assert str(stalled).startswith("Timeout reading")
+    assert again == b"PONG"
+
+
+def test_the_password_and_db_of_the_url_are_used(redis_url: str) -> None:
+    parsed = urlparse(redis_url)
+
+    async def scenario(batcher: ScriptBatcher, redis: Redis) -> tuple[Any, ...]:
+        other_db = f"redis://{parsed.netloc}/3"
+        own = RespConnection(other_db, timeout_s=5)
+        try:
+            await own.request(command(b"SET", "batching:db", "3"))
+            seen_in_3 = await Redis.from_url(other_db).get("batching:db")
+        finally:
+            await own.aclose()
+        wrong = RespConnection(f"redis://:wrong@{parsed.hostname}:{parsed.port}/0", timeout_s=5)
+        try:
+            await wrong.request(command(b"PING"))
+        except redis_errors.ConnectionError as exc:
+            refused: BaseException = exc
+        return seen_in_3, await redis.get("batching:db"), refused
+
+    seen_in_3, seen_in_default, refused = run(redis_url, scenario)
+    assert (seen_in_3, seen_in_default) == (b"3", None)
+    if parsed.password:  # the embedded Valkey has one; CI's Redis may not
+        assert isinstance(refused, redis_errors.AuthenticationError)
 
 
 @pytest.mark.parametrize("cancelled", [0, 1])
 def test_a_caller_that_gives_up_leaves_the_batch_to_the_others(
     redis_url: str, cancelled: int
 ) -> None:
-    async def scenario(redis: Redis) -> list[Any]:
+    async def scenario(batcher: ScriptBatcher, redis: Redis) -> list[Any]:
         await redis.delete("batching:cancel")
-        batcher = ScriptBatcher(redis)
+        await batcher.call(APPEND, ["batching:cancel"], ["load"])  # the script is known
+        await redis.delete("batching:cancel")
         calls = [
             asyncio.ensure_future(batcher.call(APPEND, ["batching:cancel"], [str(i)]))
             for i in range(3)
@@ -123,7 +184,7 @@ def test_a_caller_that_gives_up_leaves_the_batch_to_the_others(
         await asyncio.sleep(0)
         calls[cancelled].cancel()
         results = await asyncio.gather(*calls, return_exceptions=True)
-        await batcher.aclose()
+        await asyncio.sleep(0.1)
         return [*results, await redis.llen("batching:cancel")]
 
     *results, stored = run(redis_url, scenario)
