@@ -2,13 +2,16 @@
 against a real Valkey: each caller gets its own reply in call order, concurrent calls
 share writes, scripts are sent again after Redis forgets them, a connection that cannot be
 made or stops answering fails every call waiting on it with redis-py's error, and the
-password and db of the URL are used."""
+password, db and TLS options of the URL are used."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -193,3 +196,80 @@ def test_a_caller_that_gives_up_leaves_the_batch_to_the_others(
         n for n in (1, 2, 3) if n != cancelled + 1
     ]
     assert stored == 3  # the call given up on still ran: its caller may not know
+
+
+def _self_signed(directory: Path) -> tuple[Path, Path]:
+    """A certificate for ``localhost`` and its key (the certificate is its own CA)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.now(UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(minutes=5))
+        .not_valid_after(now + timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / "redis.crt", directory / "redis.key"
+    cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+def test_a_rediss_url_talks_tls_and_checks_the_certificate(redis_url: str, tmp_path: Path) -> None:
+    """Through a TLS front (as a managed Redis has) to the real Valkey: the URL's CA is
+    trusted, a certificate no CA vouches for is refused, and ``ssl_cert_reqs=none`` skips
+    the check, as redis-py does for the same URLs."""
+    cert, key = _self_signed(tmp_path)
+    backend = urlparse(redis_url)
+
+    async def scenario() -> tuple[Any, ...]:
+        server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server_tls.load_cert_chain(cert, key)
+
+        async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            up_reader, up_writer = await asyncio.open_connection(backend.hostname, backend.port)
+
+            async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+                while data := await source.read(65536):
+                    sink.write(data)
+                sink.close()
+
+            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+        front = await asyncio.start_server(relay, "127.0.0.1", 0, ssl=server_tls)
+        port = front.sockets[0].getsockname()[1]
+        credentials = backend.netloc.rpartition("@")[0]
+        base = f"rediss://{credentials + '@' if credentials else ''}localhost:{port}/0"
+        outcomes: list[Any] = []
+        for query in (f"?ssl_ca_certs={cert}", "", "?ssl_cert_reqs=none"):
+            connection = RespConnection(base + query, timeout_s=5)
+            try:
+                outcomes.append(await connection.request(command(b"PING")))
+            except redis_errors.ConnectionError as exc:
+                outcomes.append(exc)
+            await connection.aclose()
+        front.close()
+        return tuple(outcomes)
+
+    trusted, unknown_ca, unchecked = asyncio.run(scenario())
+    assert trusted == b"PONG"
+    assert isinstance(unknown_ca, redis_errors.ConnectionError)
+    assert "certificate verify failed" in str(unknown_ca)
+    assert unchecked == b"PONG"
