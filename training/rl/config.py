@@ -16,6 +16,7 @@ from typing import Literal
 
 from training.feedback import DEFAULT_FEEDBACK_FILE, TextFeedbackConfig
 from training.options import option
+from training.rl.curriculum import CurriculumConfig
 from training.rollouts.request import ReasoningEffort, TaskStyle, Verbosity
 
 Normalisation = Literal["token", "sequence"]
@@ -108,6 +109,7 @@ class SessionConfig:
     )  # fmt: skip
     group_size: int = option(4, "Rollouts per task per GRPO group.")
     groups_per_step: int = option(2, "Task groups per optimizer step.")
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     feedback: bool = option(True, "Targeted text feedback (hint KL).")
     #: Triggers, hints and the hint-KL coefficient (YAML); None: training/feedback.yaml.
     feedback_config: Path | None = option(

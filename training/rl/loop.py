@@ -3,12 +3,17 @@ push the new weights, advance the policy version.
 
 Rollouts are asynchronous: while the trainer steps, workers keep sampling with the
 policy version they were given; the consumer drops anything more than ``max_staleness``
-versions behind, so off-policy drift stays bounded.
+versions behind, so off-policy drift stays bounded. Groups that arrive beyond a step's
+need wait for the next step (while within that bound) instead of being thrown away.
+
+Which task each new group samples is the curriculum's choice (``training.rl.curriculum``),
+and a group whose rollouts all got the same reward teaches nothing: with dynamic sampling
+it is skipped (unless it carries text feedback, whose hint KL still teaches) and the
+queue, topped up, samples another in its place.
 """
 
 from __future__ import annotations
 
-import itertools
 import shutil
 import time
 import uuid
@@ -23,6 +28,7 @@ from training.feedback import Encode
 from training.rl.batch import build_batch
 from training.rl.config import GRPOConfig, WeightTransport
 from training.rl.consumer import TrajectoryConsumer, TrajectoryGroup
+from training.rl.curriculum import Curriculum, CurriculumConfig
 from training.rl.trainer_hook import trainer_batch
 from training.rollouts.gate import PolicyVersionGate
 from training.rollouts.metrics import STALENESS
@@ -63,9 +69,11 @@ class LoopConfig:
     #: Seeds vLLM's sampling of the k-th submitted rollout with ``sampling_seed * 10**6 + k``
     #: (None: unseeded), so two runs with the same seed draw the same random numbers.
     sampling_seed: int | None = None
-    #: Per task id: the reasoning effort and verbosity its rollouts ask for (absent: none).
+    #: Per task id: the reasoning effort and verbosity its rollouts ask for (absent: none;
+    #: a harder variant, ``ID@n``, asks for what ``ID`` does).
     task_styles: Mapping[str, TaskStyle] = field(default_factory=dict)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,15 @@ class StepReport:
     flagged_turns: int
     #: Distinct policy versions that produced the turns trained on (each turn records its own).
     turn_versions: tuple[int, ...] = ()
+    #: Groups this step received whose rewards were all equal and that were not trained on
+    #: (dynamic sampling), and those trained on anyway (sampling off, or text feedback).
+    skipped_groups: int = 0
+    zero_advantage_groups: int = 0
+    #: Groups that arrived beyond this step's need and wait for the next one.
+    carried_groups: int = 0
+    #: Tasks still drawn and tasks retired as solved (the curriculum).
+    active_tasks: int = 0
+    retired_tasks: int = 0
 
 
 class RlLoop:
@@ -96,14 +113,20 @@ class RlLoop:
         encode: Encode,
         pad_id: int = 0,
         teacher: Callable[..., Tensor] | None = None,
+        harder: Callable[[str], str | None] | None = None,
     ) -> None:
+        """``harder``: the harder variant of a task id, if its environment has one (the
+        curriculum adds it when the task is solved)."""
         self.trainer, self.consumer, self.gate = trainer, consumer, gate
         self.weights, self.submit, self.config = weights, submit, config
         self.encode, self.pad_id, self.teacher = encode, pad_id, teacher
         self.step = 0
         self._submitted_groups = 0
         self._submitted_rollouts = 0
-        self._tasks = itertools.cycle(config.task_ids)
+        self.curriculum = Curriculum(
+            config.task_ids, config.curriculum, harder or _no_variant, config.sampling_seed
+        )
+        self._carried: list[TrajectoryGroup] = []
         self._started = time.monotonic()
 
     def _in_flight_groups(self) -> float:
@@ -114,8 +137,9 @@ class RlLoop:
         """Queue whole groups (same task, current version) until enough are in flight."""
         version = self.gate.version()
         while self._in_flight_groups() < self.config.queued_groups:
-            task_id = next(self._tasks)
-            style = self.config.task_styles.get(task_id, TaskStyle())
+            task_id = self.curriculum.choose()
+            styles = self.config.task_styles
+            style = styles.get(task_id) or styles.get(task_id.partition("@")[0], TaskStyle())
             for _ in range(self.config.grpo.group_size):
                 self.submit(RolloutRequest(
                     rollout_id=uuid.uuid4().hex, task_id=task_id,
@@ -134,14 +158,25 @@ class RlLoop:
     def run_step(self, timeout_s: float = 3600.0) -> StepReport:
         started = time.monotonic()
         version = self.gate.version()
-        groups: list[TrajectoryGroup] = []
+        groups = self._fresh_carried(version)
+        skipped = 0
         deadline = started + timeout_s
         while len(groups) < self.config.groups_per_step:
             if time.monotonic() > deadline:
                 raise TimeoutError("no fresh trajectory groups arrived in time")
             self.top_up()
-            groups += self.consumer.poll(version, block_ms=500)
-        groups = groups[: self.config.groups_per_step]
+            for group in self.consumer.poll(version, block_ms=500):
+                rewards = [t.reward for t in group.trajectories]
+                self.curriculum.record(group.task_id, rewards)
+                if self.curriculum.trains_on(rewards) or _has_feedback(group):
+                    groups.append(group)
+                else:
+                    self.consumer.ack(group.entry_ids)
+                    skipped += 1
+        groups, self._carried = (
+            groups[: self.config.groups_per_step],
+            groups[self.config.groups_per_step :],
+        )
         trajectories = [t for g in groups for t in g.trajectories]
         grpo = self.config.grpo
         batch = build_batch([g.trajectories for g in groups], grpo, self.encode, self.pad_id)
@@ -183,10 +218,43 @@ class RlLoop:
             turn_versions=tuple(
                 sorted({turn.policy_version for t in trajectories for turn in t.turns})
             ),
+            skipped_groups=skipped,
+            zero_advantage_groups=sum(not _rewards_differ(g) for g in groups),
+            carried_groups=len(self._carried),
+            active_tasks=len(self.curriculum.active()),
+            retired_tasks=len(self.curriculum.tasks) - len(self.curriculum.active()),
         )
+
+    def _fresh_carried(self, version: int) -> list[TrajectoryGroup]:
+        """The groups carried from the last step that are still within the staleness bound
+        (the others are dropped and acknowledged, as the consumer does)."""
+        fresh, stale = [], []
+        for group in self._carried:
+            if any(self.consumer.is_stale(t, version) for t in group.trajectories):
+                stale.append(group)
+            else:
+                fresh.append(group)
+        if stale:
+            self.consumer.stats.dropped_stale += sum(len(g.trajectories) for g in stale)
+            self.consumer.ack([e for g in stale for e in g.entry_ids])
+        self._carried = []
+        return fresh
 
     def _prune_exports(self, current: Path) -> None:
         exports = sorted(p for p in self.config.export_dir.glob("step-*") if p.is_dir())
         for old in exports[: -self.config.keep_exports]:
             if old != current:
                 shutil.rmtree(old, ignore_errors=True)
+
+
+def _no_variant(task_id: str) -> None:
+    return None
+
+
+def _rewards_differ(group: TrajectoryGroup) -> bool:
+    rewards = [t.reward for t in group.trajectories]
+    return max(rewards) != min(rewards)
+
+
+def _has_feedback(group: TrajectoryGroup) -> bool:
+    return any(t.feedback for t in group.trajectories)

@@ -5,6 +5,7 @@ Imported by `cstack rl` only when the command runs (it imports torch).
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ from training.rl.consumer import TrajectoryConsumer
 from training.rl.loop import LoopConfig, RlLoop, StepReport
 from training.rl.stack import start_engine, start_workers
 from training.rl.trainer_hook import grpo_loss_hook
+from training.rollouts.environments import harder_task
 from training.rollouts.gate import PolicyVersionGate, gate_prefix
 from training.rollouts.weight_sync import VllmWeightSync
 from training.rollouts.worker import TASK_NAME, make_celery
@@ -191,10 +193,11 @@ class RlSession:
                 task_ids=c.rollout_task_ids, task_styles=c.styles,
                 groups_per_step=c.groups_per_step, queued_groups=2 * c.groups_per_step,
                 export_dir=c.out / "weights", weight_transport=c.weight_transport,
-                grpo=grpo, sampling_seed=c.seed,
+                grpo=grpo, sampling_seed=c.seed, curriculum=c.curriculum,
             ),
             encode=lambda text: tokenizer.encode(text, add_special_tokens=False).ids,
             pad_id=tokenizer.token_to_id("<|pad|>") or 0,
+            harder=functools.partial(harder_task, c.environment),
         )  # fmt: skip
 
     def _iterate(self, loop: RlLoop, display: _Display) -> Iterator[StepReport]:

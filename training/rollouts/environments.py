@@ -146,12 +146,24 @@ TOOLCHOICE_TOOLS = ("name", "item", "class", "lib", "day", "ment", "ver", "ror")
 
 
 def toolchoice_available(task_id: str) -> list[str]:
-    """Task ``tools-k`` offers four of the eight names; neighbouring tasks share two."""
-    prefix, _, index = task_id.rpartition("-")
-    if prefix != "tools" or not index.isdigit():
-        raise ValueError(f"toolchoice task ids look like 'tools-0', not {task_id!r}")
+    """Task ``tools-k`` offers four of the eight names; neighbouring tasks share two.
+    Its harder variant ``tools-k@n`` offers only the first ``n`` of those four."""
+    base, _, offered = task_id.partition("@")
+    prefix, _, index = base.rpartition("-")
+    if prefix != "tools" or not index.isdigit() or offered not in ("", "1", "2", "3", "4"):
+        raise ValueError(f"toolchoice task ids look like 'tools-0' or 'tools-0@2', not {task_id!r}")
     start = 2 * (int(index) % 4)
-    return [TOOLCHOICE_TOOLS[(start + i) % len(TOOLCHOICE_TOOLS)] for i in range(4)]
+    names = [TOOLCHOICE_TOOLS[(start + i) % len(TOOLCHOICE_TOOLS)] for i in range(4)]
+    return names[: int(offered)] if offered else names
+
+
+def harder_task(environment: str, task_id: str) -> str | None:
+    """The harder variant of a task, which the curriculum adds once the task is solved
+    (None: there is none). toolchoice: half as many tools offered, down to one."""
+    if environment == "toolchoice":
+        offered = len(toolchoice_available(task_id))
+        return f"{task_id.partition('@')[0]}@{offered // 2}" if offered > 1 else None
+    return None
 
 
 def toolchoice_prompt(task_id: str) -> str:
