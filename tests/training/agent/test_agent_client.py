@@ -14,7 +14,7 @@ def test_the_loop_gives_each_task_its_style() -> None:
 
     submitted: list[RolloutRequest] = []
     config = LoopConfig(
-        task_ids=("terse", "plain"), queued_groups=2,
+        task_ids=("terse", "plain"), queued_groups=8, sampling_seed=0,
         task_styles={"terse": TaskStyle(reasoning_effort="minimal", verbosity="low")},
     )  # fmt: skip
     loop = RlLoop(
@@ -30,5 +30,6 @@ def test_the_loop_gives_each_task_its_style() -> None:
     styles = {(r.task_id, r.reasoning_effort, r.verbosity) for r in submitted}
     assert styles == {("terse", "minimal", "low"), ("plain", None, None)}
     # The request travels as JSON on the Celery queue.
-    again = RolloutRequest.model_validate(json.loads(json.dumps(submitted[0].model_dump())))
+    terse = next(r for r in submitted if r.task_id == "terse")
+    again = RolloutRequest.model_validate(json.loads(json.dumps(terse.model_dump())))
     assert again.reasoning_effort == "minimal" and again.verbosity == "low"
