@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -52,6 +52,9 @@ class StepStats:
     clipped_heads: int
     #: The MTP layers' cross entropy, averaged over depths (None: MTP loss off).
     mtp_loss: float | None = None
+    #: What the loss hook reported besides its loss (``LossTerms.metrics``), each summed
+    #: over every rank's tokens.
+    loss_metrics: dict[str, float] = field(default_factory=dict)
 
 
 def seed_everything(seed: int) -> None:
@@ -109,6 +112,7 @@ class Trainer:
         self.clipped_heads = 0
         # The last forward_backward's MTP cross entropy, averaged over depths.
         self.mtp_loss: float | None = None
+        self.loss_metrics: dict[str, float] = {}
         resume = latest_checkpoint(config.checkpoint_dir)
         if resume is not None:
             self.step = load_checkpoint(resume, self.model, self.optimizer)
@@ -167,9 +171,13 @@ class Trainer:
             objective = loss + self.config.mtp_loss_weight * mtp_loss
         objective.backward()
         reduce_expert_gradients(self.model, self.meshes)
-        reported = torch.stack([loss.detach(), mtp_loss.detach()])
+        # The hook's own metrics ride along (every rank's hook reports the same names).
+        names = sorted(terms.metrics)
+        extra = [terms.metrics[name].detach().to(loss.dtype) for name in names]
+        reported = torch.stack([loss.detach(), mtp_loss.detach(), *extra])
         dist.all_reduce(reported)
         self.mtp_loss = float(reported[1]) if depths else None
+        self.loss_metrics = dict(zip(names, reported[2:].tolist(), strict=True))
         return float(reported[0]), int(tokens[0])
 
     def clip_gradients(self) -> float:
@@ -226,6 +234,7 @@ class Trainer:
             max_logit,
             self.clipped_heads,
             self.mtp_loss,
+            self.loss_metrics,
         )
         if self.rank == 0:
             metrics = trainer_metrics()

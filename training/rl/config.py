@@ -20,15 +20,24 @@ from training.rl.curriculum import CurriculumConfig
 from training.rollouts.request import ReasoningEffort, TaskStyle, Verbosity
 
 Normalisation = Literal["token", "sequence"]
+#: How the policy gradient treats tokens the trainer's policy rates differently from the
+#: engine that sampled them (training.rl.losses.policy_surrogate).
+Correction = Literal["tis", "clip"]
 #: How new weights reach the engines after a step (training.rl.loop.LoopConfig).
 WeightTransport = Literal["stream", "disk"]
 
 
 @dataclass(frozen=True)
 class GRPOConfig:
-    """Group-relative policy optimisation with a PPO-style clipped ratio."""
+    """Group-relative policy optimisation, corrected for the engine-trainer mismatch."""
 
     group_size: int = 4
+    #: ``tis``: each token's gradient weighted by the truncated importance ratio
+    #: min(p_trainer / p_sampler, tis_cap), detached; ``clip``: PPO's clipped ratio
+    #: against the sampler's logprobs, which zeroes the gradient of any token whose ratio
+    #: left [1 - clip_low, 1 + clip_high], mismatch or not.
+    correction: Correction = "tis"
+    tis_cap: float = 2.0
     clip_low: float = 0.2
     clip_high: float = 0.2
     normalisation: Normalisation = "token"
@@ -110,6 +119,11 @@ class SessionConfig:
     group_size: int = option(4, "Rollouts per task per GRPO group.")
     groups_per_step: int = option(2, "Task groups per optimizer step.")
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    correction: Correction = option(
+        "tis", "How the gradient treats tokens the engine sampled with other probabilities "
+        "than the trainer's policy gives them: tis (weighted by their ratio, truncated at 2) "
+        "or clip (PPO's clip, which drops the gradient of tokens outside 1 +- 0.2).",
+    )  # fmt: skip
     feedback: bool = option(True, "Targeted text feedback (hint KL).")
     #: Triggers, hints and the hint-KL coefficient (YAML); None: training/feedback.yaml.
     feedback_config: Path | None = option(

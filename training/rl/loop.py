@@ -99,6 +99,11 @@ class StepReport:
     #: Tasks still drawn and tasks retired as solved (the curriculum).
     active_tasks: int = 0
     retired_tasks: int = 0
+    #: KL(engine || trainer) per trained token, from the engine's sampling logprobs and
+    #: the trainer's before the step (kernels, precision and staleness all count), and
+    #: the share of tokens whose importance ratio the correction capped.
+    mismatch_kl: float = 0.0
+    capped_share: float = 0.0
 
 
 class RlLoop:
@@ -204,6 +209,7 @@ class RlLoop:
         invalid = sum(t.invalid_tool_calls for t in trajectories)
         elapsed = max(time.monotonic() - started, 1e-9)
         tokens = int(batch.completion_mask.sum())
+        loss_metrics: Mapping[str, float] = getattr(stats, "loss_metrics", {})
         return StepReport(
             step=self.step,
             policy_version=new_version,
@@ -223,6 +229,8 @@ class RlLoop:
             carried_groups=len(self._carried),
             active_tasks=len(self.curriculum.active()),
             retired_tasks=len(self.curriculum.tasks) - len(self.curriculum.active()),
+            mismatch_kl=loss_metrics.get("mismatch_kl", 0.0) / max(tokens, 1),
+            capped_share=loss_metrics.get("capped_tokens", 0.0) / max(tokens, 1),
         )
 
     def _fresh_carried(self, version: int) -> list[TrajectoryGroup]:

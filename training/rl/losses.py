@@ -7,20 +7,23 @@ functions, which is how the loss stays on model tokens only.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 from training.feedback import KlNormalisation
-from training.rl.config import Normalisation
+from training.rl.config import GRPOConfig
 
 
 @dataclass(frozen=True)
 class PolicyLossStats:
     """Diagnostics of one policy-loss evaluation (detached floats)."""
 
-    clip_fraction: float
+    #: Share of tokens whose ratio the correction capped (clipped, or truncated).
+    capped_fraction: float
     mean_ratio: float
+    #: KL(sampler || trainer) per token, estimated from the sampled tokens (k3).
     approx_kl: float
     tokens: int
 
@@ -73,33 +76,78 @@ def clipped_surrogate(
     return -torch.minimum(unclipped, clipped), clipped < unclipped
 
 
-def clipped_policy_loss(
+def truncated_is_surrogate(
+    logprobs: torch.Tensor,
+    sampling_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    cap: float = 2.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token ``-w A`` whose gradient is ``-w A grad(log p)``, with the importance
+    weight ``w = min(p_trainer / p_sampler, cap)`` held constant, and where ``w`` was
+    truncated.
+
+    The engine samples with its own kernels and precision (and, asynchronously, weights
+    up to ``max_staleness`` versions old), so its token probabilities differ from the
+    trainer's: the policy gradient of the trainer's policy weights each token by their
+    ratio, truncated so one token cannot dominate (truncated importance sampling). With
+    one optimizer step per batch the trainer's policy is the proximal one, so no PPO clip
+    is needed on top.
+    """
+    log_weight = logprobs.detach() - sampling_logprobs
+    weight = log_weight.exp().clamp(max=cap)
+    adv = advantages.to(logprobs.dtype)
+    per_token = -weight * torch.exp(logprobs - logprobs.detach()) * adv
+    return per_token, log_weight > math.log(cap)
+
+
+def policy_surrogate(
+    logprobs: torch.Tensor,
+    sampling_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    config: GRPOConfig,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-token policy loss of ``config.correction`` and which tokens it capped."""
+    if config.correction == "tis":
+        return truncated_is_surrogate(logprobs, sampling_logprobs, advantages, config.tis_cap)
+    return clipped_surrogate(
+        logprobs, sampling_logprobs, advantages, config.clip_low, config.clip_high
+    )
+
+
+def mismatch_kl(logprobs: torch.Tensor, sampling_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token KL(sampler || trainer), estimated on the sampled tokens (k3: unbiased,
+    never negative): ``(r - 1) - log r`` with ``r = p_trainer / p_sampler``."""
+    log_ratio = logprobs.detach() - sampling_logprobs
+    return log_ratio.exp() - 1 - log_ratio
+
+
+def policy_loss(
     logprobs: torch.Tensor,
     sampling_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    normalisation: Normalisation = "token",
+    config: GRPOConfig,
 ) -> tuple[torch.Tensor, PolicyLossStats]:
-    """PPO-style clipped surrogate against the logprobs vLLM sampled with.
+    """The policy-gradient loss against the logprobs vLLM sampled with.
 
     ``advantages`` is per row [N] (every token of a turn shares its trajectory's
-    advantage). ``normalisation='token'`` averages over all model tokens of the batch;
-    ``'sequence'`` averages within each turn first, then over turns.
+    advantage). ``config.normalisation='token'`` averages over all model tokens of the
+    batch; ``'sequence'`` averages within each turn first, then over turns.
     """
-    per_token, was_clipped = clipped_surrogate(
-        logprobs, sampling_logprobs, advantages.unsqueeze(-1), clip_low, clip_high
+    per_token, capped = policy_surrogate(
+        logprobs, sampling_logprobs, advantages.unsqueeze(-1), config
     )
-    loss = _reduce(per_token, mask, normalisation)
+    loss = _reduce(per_token, mask, config.normalisation)
     with torch.no_grad():
         maskb = mask.bool()
         count = int(maskb.sum())
         log_ratio = (logprobs - sampling_logprobs)[maskb]
         stats = PolicyLossStats(
-            clip_fraction=float((was_clipped & maskb).sum()) / max(count, 1),
+            capped_fraction=float((capped & maskb).sum()) / max(count, 1),
             mean_ratio=float(log_ratio.exp().mean()) if count else 1.0,
-            approx_kl=float(((log_ratio.exp() - 1) - log_ratio).mean()) if count else 0.0,
+            approx_kl=float(mismatch_kl(logprobs, sampling_logprobs)[maskb].mean())
+            if count
+            else 0.0,
             tokens=count,
         )
     return loss, stats

@@ -149,6 +149,7 @@ class RlSession:
         feedback = load_feedback_config(self.config.feedback_file)
         return GRPOConfig(
             group_size=self.config.group_size,
+            correction=self.config.correction,
             feedback=replace(feedback, enabled=self.config.feedback),
         )
 

@@ -14,7 +14,7 @@ import torch
 from training.losses import token_logprobs
 from training.rl.batch import TurnBatch, completion_logits
 from training.rl.config import GRPOConfig
-from training.rl.losses import clipped_policy_loss, hint_kl_loss
+from training.rl.losses import hint_kl_loss, policy_loss
 
 Policy = Callable[[torch.Tensor], torch.Tensor]
 
@@ -26,7 +26,7 @@ class RlLossStats:
     policy_loss: float
     hint_kl: float
     loss: float
-    clip_fraction: float
+    capped_fraction: float
     approx_kl: float
     tokens: int
     flagged_turns: int
@@ -40,16 +40,10 @@ def rl_loss(
     length = batch.completion_ids.shape[1]
     student = completion_logits(policy(batch.input_ids), batch.completion_start, length)
     logprobs = token_logprobs(student, batch.completion_ids)
-    policy_loss, stats = clipped_policy_loss(
-        logprobs,
-        batch.sampling_logprobs,
-        batch.advantages,
-        batch.completion_mask,
-        config.clip_low,
-        config.clip_high,
-        config.normalisation,
+    pg_loss, stats = policy_loss(
+        logprobs, batch.sampling_logprobs, batch.advantages, batch.completion_mask, config
     )
-    loss = policy_loss
+    loss = pg_loss
     kl_value = 0.0
     flagged = int(batch.flagged_rows.numel())
     if flagged and config.feedback.enabled and config.feedback.kl_coef > 0:
@@ -64,10 +58,10 @@ def rl_loss(
         loss = loss + config.feedback.kl_coef * kl
         kl_value = float(kl.detach())
     return loss, RlLossStats(
-        policy_loss=float(policy_loss.detach()),
+        policy_loss=float(pg_loss.detach()),
         hint_kl=kl_value,
         loss=float(loss.detach()),
-        clip_fraction=stats.clip_fraction,
+        capped_fraction=stats.capped_fraction,
         approx_kl=stats.approx_kl,
         tokens=stats.tokens,
         flagged_turns=flagged,

@@ -17,7 +17,7 @@ from torch import Tensor
 from training.losses import IGNORE_INDEX, LossFn, LossTerms, token_logprobs
 from training.rl.batch import TurnBatch, completion_logits
 from training.rl.config import GRPOConfig
-from training.rl.losses import clipped_surrogate, kl_per_token
+from training.rl.losses import kl_per_token, mismatch_kl, policy_surrogate
 
 Teacher = Callable[[Tensor], Tensor]
 
@@ -94,18 +94,21 @@ def trainer_batch(
 
 
 def grpo_loss_hook(config: GRPOConfig) -> LossFn:
-    """The trainer hook: clipped GRPO on model tokens plus weighted hint KL."""
+    """The trainer hook: GRPO on model tokens (corrected as ``config.correction`` says)
+    plus weighted hint KL. It reports, summed over tokens, those the correction capped and
+    the engine-trainer KL (``mismatch_kl``)."""
 
     def hook(logits: Tensor, batch: Mapping[str, Tensor]) -> LossTerms:
         labels = batch["labels"]
         mask = (labels != IGNORE_INDEX).float()
         logprobs = token_logprobs(logits, labels)
-        per_token, was_clipped = clipped_surrogate(
-            logprobs, batch["sampling_logprobs"], batch["advantages"],
-            config.clip_low, config.clip_high,
-        )  # fmt: skip
+        sampling = batch["sampling_logprobs"]
+        per_token, capped = policy_surrogate(logprobs, sampling, batch["advantages"], config)
         loss_sum = (per_token * mask * batch["policy_weight"]).sum()
-        metrics = {"clipped_tokens": (was_clipped.float() * mask).sum().detach()}
+        metrics = {
+            "capped_tokens": (capped.float() * mask).sum().detach(),
+            "mismatch_kl": (mismatch_kl(logprobs, sampling) * mask).sum().detach(),
+        }
         if "teacher_logprobs" in batch:
             kl = kl_per_token(logits, batch["teacher_logprobs"]) * batch["kl_weight"]
             loss_sum = loss_sum + config.feedback.kl_coef * kl.sum()

@@ -1,13 +1,18 @@
-"""GRPO advantages, the clipped surrogate and the hint KL against hand-computed values."""
+"""GRPO advantages, the truncated-IS and clipped surrogates, the engine-trainer KL and the
+hint KL against hand-computed values."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
-from training.rl.losses import clipped_policy_loss, group_advantages, hint_kl_loss
+from training.rl.config import GRPOConfig
+from training.rl.losses import group_advantages, hint_kl_loss, mismatch_kl, policy_loss
+
+CLIP = GRPOConfig(correction="clip", clip_low=0.2, clip_high=0.2)
 
 
 def test_group_advantages_hand_values() -> None:
@@ -44,11 +49,11 @@ def _surrogate_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch
 
 def test_clipped_surrogate_token_normalisation() -> None:
     logprobs, sampling, adv, mask = _surrogate_inputs()
-    loss, stats = clipped_policy_loss(logprobs, sampling, adv, mask, 0.2, 0.2, "token")
+    loss, stats = policy_loss(logprobs, sampling, adv, mask, CLIP)
     # per token: -min(1.5,1.2)=-1.2, -min(0.5,0.8)=-0.5 | 1.5, 0.9, 1.0 -> 1.7 / 5
     assert loss.item() == pytest.approx(0.34, abs=1e-6)
     assert stats.tokens == 5
-    assert stats.clip_fraction == pytest.approx(1 / 5)
+    assert stats.capped_fraction == pytest.approx(1 / 5)
     loss.backward()
     grad = logprobs.grad
     assert grad is not None
@@ -60,16 +65,44 @@ def test_clipped_surrogate_token_normalisation() -> None:
 
 def test_clipped_surrogate_sequence_normalisation() -> None:
     logprobs, sampling, adv, mask = _surrogate_inputs()
-    loss, _ = clipped_policy_loss(logprobs, sampling, adv, mask, 0.2, 0.2, "sequence")
+    loss, _ = policy_loss(logprobs, sampling, adv, mask, replace(CLIP, normalisation="sequence"))
     # row means: (-1.2 - 0.5) / 2 = -0.85 and (1.5 + 0.9 + 1.0) / 3; then their mean
     assert loss.item() == pytest.approx((-0.85 + 3.4 / 3) / 2, abs=1e-6)
 
 
 def test_asymmetric_clip() -> None:
     logprobs, sampling, adv, mask = _surrogate_inputs()
-    loss, _ = clipped_policy_loss(logprobs, sampling, adv, mask, 0.2, 0.6, "token")
+    loss, _ = policy_loss(logprobs, sampling, adv, mask, replace(CLIP, clip_high=0.6))
     # row 0 token 0 is no longer clipped (1.5 < 1.6): -1.5 instead of -1.2
     assert loss.item() == pytest.approx(1.4 / 5, abs=1e-6)
+
+
+def test_truncated_importance_sampling_hand_values() -> None:
+    """TIS weights each token's gradient by its ratio, capped at 2 and held constant: no
+    token loses its gradient to a clip, and none outweighs the cap."""
+    logprobs, sampling, adv, mask = _surrogate_inputs()
+    ratios = torch.tensor([[3.0, 0.5, 1.0], [1.5, 0.9, 1.0]])  # row 0 token 0: over the cap
+    logprobs = (sampling + torch.log(ratios)).detach().requires_grad_(True)
+    config = GRPOConfig(correction="tis", tis_cap=2.0)
+    loss, stats = policy_loss(logprobs, sampling, adv, mask, config)
+    # per token -w*A: -2.0, -0.5 | 1.5, 0.9, 1.0 -> 0.9 / 5
+    assert loss.item() == pytest.approx(0.9 / 5, abs=1e-6)
+    assert stats.capped_fraction == pytest.approx(1 / 5)
+    loss.backward()
+    assert logprobs.grad is not None
+    expected = torch.tensor([[-2.0 / 5, -0.5 / 5, 0.0], [1.5 / 5, 0.9 / 5, 1.0 / 5]])
+    assert torch.allclose(logprobs.grad, expected, atol=1e-6)
+    # On policy (ratios 1) it is the plain policy gradient, as the clip is.
+    on_policy = sampling.clone().requires_grad_(True)
+    tis, _ = policy_loss(on_policy, sampling, adv, mask, config)
+    clip, _ = policy_loss(on_policy, sampling, adv, mask, CLIP)
+    assert tis.item() == pytest.approx(clip.item())
+
+
+def test_mismatch_kl_is_the_k3_estimate() -> None:
+    sampling = torch.log(torch.tensor([0.5, 0.2]))
+    trainer = torch.log(torch.tensor([0.25, 0.2]))  # r = 0.5 and 1
+    assert mismatch_kl(trainer, sampling).tolist() == pytest.approx([0.5 - 1 - math.log(0.5), 0])
 
 
 def test_hint_kl_hand_value() -> None:

@@ -62,19 +62,21 @@ def _trajectory(name: str, reward: float, completion: list[int]) -> Trajectory:
 
 
 @pytest.mark.parametrize(
-    ("normalisation", "kl_normalisation"), [("token", "token"), ("sequence", "turn")]
+    ("normalisation", "kl_normalisation", "correction"),
+    [("token", "token", "tis"), ("sequence", "turn", "tis"), ("token", "token", "clip")],
 )
 def test_hook_in_trainer_equals_reference(
-    process_group: None, normalisation: str, kl_normalisation: str
+    process_group: None, normalisation: str, kl_normalisation: str, correction: str
 ) -> None:
     feedback = TextFeedbackConfig(**{**FEEDBACK.__dict__, "kl_normalisation": kl_normalisation})
-    config = GRPOConfig(normalisation=normalisation, feedback=feedback)  # type: ignore[arg-type]
+    config = GRPOConfig(normalisation=normalisation, feedback=feedback,  # type: ignore[arg-type]
+                        correction=correction)  # type: ignore[arg-type]  # fmt: skip
     groups = [[_trajectory("a", 1.0, [7, 9, 10]), _trajectory("b", 0.0, [7])]]
     batch = build_batch(groups, config, encode)
 
     reference = DeepseekV3Model(SMALL)
     reference.init_weights(5)
-    expected, _ = rl_loss(lambda ids: reference(ids), batch, config)
+    expected, stats = rl_loss(lambda ids: reference(ids), batch, config)
     expected.backward()
 
     trainer = Trainer(
@@ -87,6 +89,10 @@ def test_hook_in_trainer_equals_reference(
     loss, tokens = trainer.forward_backward(inputs)
     assert tokens == int(batch.completion_mask.sum())
     assert loss == pytest.approx(float(expected.detach()), rel=1e-5, abs=1e-7)
+    # The hook's metrics reach the trainer's step stats, summed over tokens.
+    assert trainer.loss_metrics["mismatch_kl"] == pytest.approx(stats.approx_kl * tokens, rel=1e-4)
+    assert trainer.loss_metrics["capped_tokens"] == round(stats.capped_fraction * tokens)
+    assert stats.approx_kl > 0  # the random model is far from the logprobs "sampled"
     for (name, param), (_, ref) in zip(
         trainer.model.named_parameters(), reference.named_parameters(), strict=True
     ):
