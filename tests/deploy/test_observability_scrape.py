@@ -15,6 +15,7 @@ here exports them:
 - cstack_policy_staleness: the RL loop observes it after an optimizer step that pushed new
   weights into vLLM through its dev endpoints; that loop is not run here (the session's
   vLLM is shared, and `cstack rl` starts a vLLM of its own);
+- cstack_rl_*: set by that same loop after each step (tests/training/rl covers them);
 - vllm:spec_decode_*: only an engine with speculative decoding exports them (the fast
   tier's MTP in production), which the tiny checkpoint on the CPU build cannot run.
 The prefix-cache hit ratio returns series but may be NaN: the cpu profile of
@@ -61,6 +62,7 @@ NAN_ALLOWED = ("vllm:prefix_cache_",)
 EXEMPT_METRICS = (
     "cstack_rollout",
     "cstack_policy_staleness",
+    "cstack_rl_",
     "vllm:spec_decode_",
 )
 

@@ -25,6 +25,7 @@ from typing import Protocol
 from torch import Tensor
 
 from training.feedback import Encode
+from training.rl import metrics
 from training.rl.batch import build_batch
 from training.rl.config import GRPOConfig, WeightTransport
 from training.rl.consumer import TrajectoryConsumer, TrajectoryGroup
@@ -104,6 +105,9 @@ class StepReport:
     #: the share of tokens whose importance ratio the correction capped.
     mismatch_kl: float = 0.0
     capped_share: float = 0.0
+    #: On the turns that got text feedback: nats per token by which the hinted teacher
+    #: makes their tokens less likely than the policy does (None: no feedback this step).
+    hint_teacher_margin: float | None = None
 
 
 class RlLoop:
@@ -210,7 +214,8 @@ class RlLoop:
         elapsed = max(time.monotonic() - started, 1e-9)
         tokens = int(batch.completion_mask.sum())
         loss_metrics: Mapping[str, float] = getattr(stats, "loss_metrics", {})
-        return StepReport(
+        flagged_tokens = loss_metrics.get("flagged_tokens", 0.0)
+        report = StepReport(
             step=self.step,
             policy_version=new_version,
             mean_reward=sum(t.reward for t in trajectories) / len(trajectories),
@@ -231,7 +236,12 @@ class RlLoop:
             retired_tasks=len(self.curriculum.tasks) - len(self.curriculum.active()),
             mismatch_kl=loss_metrics.get("mismatch_kl", 0.0) / max(tokens, 1),
             capped_share=loss_metrics.get("capped_tokens", 0.0) / max(tokens, 1),
+            hint_teacher_margin=loss_metrics.get("hint_margin", 0.0) / flagged_tokens
+            if flagged_tokens
+            else None,
         )
+        _publish(report)
+        return report
 
     def _fresh_carried(self, version: int) -> list[TrajectoryGroup]:
         """The groups carried from the last step that are still within the staleness bound
@@ -266,3 +276,14 @@ def _rewards_differ(group: TrajectoryGroup) -> bool:
 
 def _has_feedback(group: TrajectoryGroup) -> bool:
     return any(t.feedback for t in group.trajectories)
+
+
+def _publish(report: StepReport) -> None:
+    """The step's figures as the RL metrics (training.rl.metrics)."""
+    metrics.MISMATCH_KL.set(report.mismatch_kl)
+    metrics.CAPPED_TOKEN_SHARE.set(report.capped_share)
+    metrics.SKIPPED_GROUPS.inc(report.skipped_groups)
+    metrics.TASKS.labels("active").set(report.active_tasks)
+    metrics.TASKS.labels("retired").set(report.retired_tasks)
+    if report.hint_teacher_margin is not None:
+        metrics.HINT_TEACHER_MARGIN.set(report.hint_teacher_margin)

@@ -95,8 +95,9 @@ def trainer_batch(
 
 def grpo_loss_hook(config: GRPOConfig) -> LossFn:
     """The trainer hook: GRPO on model tokens (corrected as ``config.correction`` says)
-    plus weighted hint KL. It reports, summed over tokens, those the correction capped and
-    the engine-trainer KL (``mismatch_kl``)."""
+    plus weighted hint KL. It reports, summed over tokens, those the correction capped,
+    the engine-trainer KL (``mismatch_kl``) and, on flagged tokens, how much less likely
+    the hinted teacher makes them than the student (``hint_margin``)."""
 
     def hook(logits: Tensor, batch: Mapping[str, Tensor]) -> LossTerms:
         labels = batch["labels"]
@@ -110,9 +111,16 @@ def grpo_loss_hook(config: GRPOConfig) -> LossFn:
             "mismatch_kl": (mismatch_kl(logprobs, sampling) * mask).sum().detach(),
         }
         if "teacher_logprobs" in batch:
-            kl = kl_per_token(logits, batch["teacher_logprobs"]) * batch["kl_weight"]
+            teacher = batch["teacher_logprobs"]
+            kl = kl_per_token(logits, teacher) * batch["kl_weight"]
             loss_sum = loss_sum + config.feedback.kl_coef * kl.sum()
             metrics["hint_kl_weighted"] = kl.sum().detach()
+            # How much less likely the teacher makes the flagged tokens than the student.
+            flagged = (batch["kl_weight"] > 0).float() * mask
+            teacher_logp = teacher.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+            margin = (logprobs.detach() - teacher_logp) * flagged
+            metrics["hint_margin"] = margin.sum().detach()
+            metrics["flagged_tokens"] = flagged.sum().detach()
         return LossTerms(loss_sum=loss_sum, tokens=mask.sum(), metrics=metrics)
 
     return hook

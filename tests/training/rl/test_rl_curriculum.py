@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import redis
 import torch
+from prometheus_client import REGISTRY
 
 from training.rl.config import GRPOConfig
 from training.rl.consumer import TrajectoryConsumer
@@ -167,9 +168,15 @@ def run_loop(redis_url: str, curriculum: CurriculumConfig, steps: int) -> tuple[
 def test_the_loop_trains_only_on_groups_that_teach_and_keeps_the_rest_for_later(
     redis_url: str,
 ) -> None:
+    skipped_before = REGISTRY.get_sample_value("cstack_rl_skipped_groups_total") or 0.0
     reports, trainer, worker, loop, pending = run_loop(redis_url, CurriculumConfig(), steps=6)
+    skipped = sum(r.skipped_groups for r in reports)
+    assert REGISTRY.get_sample_value("cstack_rl_skipped_groups_total") == skipped_before + skipped
+    assert REGISTRY.get_sample_value("cstack_rl_tasks", {"state": "active"}) == len(
+        loop.curriculum.active()
+    )
     assert all(r.zero_advantage_groups == 0 for r in reports)
-    assert sum(r.skipped_groups for r in reports) > 0
+    assert skipped > 0
     for batch in trainer.batches:  # every trained row has an advantage
         assert bool((batch["advantages"].abs().sum(dim=1) > 0).all())
     # The draw moved to the task that teaches.

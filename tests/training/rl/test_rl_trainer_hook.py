@@ -8,10 +8,11 @@ from rl_toy import encode
 
 from training.config import TrainerConfig
 from training.feedback import TextFeedbackConfig, Trigger, detect_feedback
+from training.losses import token_logprobs
 from training.models.deepseek_v3.config import ModelConfig
 from training.models.deepseek_v3.model import DeepseekV3Model
 from training.optim.config import MuonConfig
-from training.rl.batch import build_batch
+from training.rl.batch import build_batch, completion_logits
 from training.rl.config import GRPOConfig
 from training.rl.step import rl_loss
 from training.rl.trainer_hook import grpo_loss_hook, trainer_batch
@@ -93,6 +94,19 @@ def test_hook_in_trainer_equals_reference(
     assert trainer.loss_metrics["mismatch_kl"] == pytest.approx(stats.approx_kl * tokens, rel=1e-4)
     assert trainer.loss_metrics["capped_tokens"] == round(stats.capped_fraction * tokens)
     assert stats.approx_kl > 0  # the random model is far from the logprobs "sampled"
+    # The teacher's margin on the flagged tokens, by hand on the reference model.
+    with torch.no_grad():
+        length = batch.completion_ids.shape[1]
+        rows = batch.flagged_rows
+        ids = batch.completion_ids[rows]
+        student = completion_logits(reference(batch.input_ids), batch.completion_start, length)
+        hinted = completion_logits(reference(batch.hinted_input_ids), batch.hinted_start, length)
+        margin = token_logprobs(student[rows], ids) - token_logprobs(hinted, ids)
+        flagged_mask = batch.completion_mask[rows]
+    assert trainer.loss_metrics["flagged_tokens"] == int(flagged_mask.sum())
+    assert trainer.loss_metrics["hint_margin"] == pytest.approx(
+        float((margin * flagged_mask).sum()), rel=1e-4, abs=1e-5
+    )
     for (name, param), (_, ref) in zip(
         trainer.model.named_parameters(), reference.named_parameters(), strict=True
     ):
