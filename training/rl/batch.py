@@ -47,8 +47,11 @@ def build_batch(
     config: GRPOConfig,
     encode: Encode | None,
     pad_id: int = 0,
+    min_version: int | None = None,
 ) -> TurnBatch:
-    """Advantages are computed per group (same task), then spread over every turn."""
+    """Advantages are computed per group (same task), then spread over every turn, except
+    turns sampled by a policy older than ``min_version``: a partial rollout's early turns
+    past the staleness bound are left out (its reward still counts for its group)."""
     inputs: list[list[int]] = []
     starts: list[int] = []
     completions: list[list[int]] = []
@@ -67,6 +70,8 @@ def build_batch(
             hints = {mark.turn_index: mark.hint for mark in trajectory.feedback}
             for turn in trajectory.turns:
                 if not turn.completion_token_ids:
+                    continue
+                if min_version is not None and turn.policy_version < min_version:
                     continue
                 if len(turn.completion_logprobs) != len(turn.completion_token_ids):
                     raise ValueError(

@@ -45,6 +45,21 @@ def _checked_config(values: dict[str, Any]) -> SessionConfig:
     if error:
         raise typer.BadParameter(error)
     config: SessionConfig = build_config(SessionConfig, SESSION_OPTIONS, values)
+    for flag, value, least in (
+        ("--steps", config.steps, 1), ("--group-size", config.group_size, 2),
+        ("--groups-per-step", config.groups_per_step, 1), ("--workers", config.workers, 1),
+        ("--max-tokens", config.max_tokens, 1), ("--max-staleness", config.max_staleness, 0),
+    ):  # fmt: skip
+        if value < least:
+            raise typer.BadParameter(f"must be at least {least}, not {value}", param_hint=flag)
+    if config.environment == "toolchoice":
+        from training.rollouts.environments import toolchoice_available
+
+        for task_id in config.rollout_task_ids:
+            try:
+                toolchoice_available(task_id)
+            except ValueError as exc:
+                raise typer.BadParameter(str(exc), param_hint="--task") from None
     coding = config.environment == "coding"
     if coding and not config.task_ids:
         raise typer.BadParameter("coding needs --task ids from `cstack tasks build`")

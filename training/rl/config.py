@@ -119,6 +119,11 @@ class SessionConfig:
     group_size: int = option(4, "Rollouts per task per GRPO group.")
     groups_per_step: int = option(2, "Task groups per optimizer step.")
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    max_staleness: int = option(
+        2, "Weight versions a rollout may lag and still be trained on; workers keep sampling "
+        "while the trainer steps. 0: a synchronous loop (one step's groups queued at a "
+        "time, trained only on the current weights).",
+    )  # fmt: skip
     correction: Correction = option(
         "tis", "How the gradient treats tokens the engine sampled with other probabilities "
         "than the trainer's policy gives them: tis (weighted by their ratio, truncated at 2) "

@@ -69,8 +69,12 @@ class TrajectoryConsumer:
         self._cursor = "0"
 
     def is_stale(self, trajectory: Trajectory, current_version: int) -> bool:
-        """Stale when the policy that started it is more than ``max_staleness`` behind."""
-        return current_version - trajectory.policy_version_start > self._max_staleness
+        """Stale when even its newest turn's policy is more than ``max_staleness`` behind.
+
+        An episode that ran on across weight pushes (a partial rollout: each turn records
+        its own version) stays while its last turns are recent; the trainer leaves out
+        the turns older than the bound (``build_batch``'s ``min_version``)."""
+        return current_version - trajectory.policy_version_end > self._max_staleness
 
     def _read(self, block_ms: int, count: int) -> list[tuple[str, dict[bytes, bytes]]]:
         entries: list[tuple[bytes | str, dict[bytes, bytes]]] = []

@@ -105,6 +105,11 @@ class StepReport:
     #: the share of tokens whose importance ratio the correction capped.
     mismatch_kl: float = 0.0
     capped_share: float = 0.0
+    #: Seconds this step waited for rollouts, and that share of the step (the trainer idle).
+    waited_s: float = 0.0
+    trainer_idle_share: float = 0.0
+    #: Rollouts received since the loop started (trained, skipped, carried or dropped).
+    rollouts_received: int = 0
     #: On the turns that got text feedback: nats per token by which the hinted teacher
     #: makes their tokens less likely than the policy does (None: no feedback this step).
     hint_teacher_margin: float | None = None
@@ -186,9 +191,13 @@ class RlLoop:
             groups[: self.config.groups_per_step],
             groups[self.config.groups_per_step :],
         )
+        waited = time.monotonic() - started
         trajectories = [t for g in groups for t in g.trajectories]
         grpo = self.config.grpo
-        batch = build_batch([g.trajectories for g in groups], grpo, self.encode, self.pad_id)
+        batch = build_batch(
+            [g.trajectories for g in groups], grpo, self.encode, self.pad_id,
+            min_version=version - grpo.max_staleness,
+        )  # fmt: skip
         parallel = getattr(getattr(self.trainer, "config", None), "parallel", None)
         inputs = trainer_batch(
             batch, grpo, self.teacher or self.trainer.model,
@@ -239,6 +248,9 @@ class RlLoop:
             hint_teacher_margin=loss_metrics.get("hint_margin", 0.0) / flagged_tokens
             if flagged_tokens
             else None,
+            waited_s=waited,
+            trainer_idle_share=waited / elapsed,
+            rollouts_received=self.consumer.stats.received,
         )
         _publish(report)
         return report

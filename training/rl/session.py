@@ -149,6 +149,7 @@ class RlSession:
         feedback = load_feedback_config(self.config.feedback_file)
         return GRPOConfig(
             group_size=self.config.group_size,
+            max_staleness=self.config.max_staleness,
             correction=self.config.correction,
             feedback=replace(feedback, enabled=self.config.feedback),
         )
@@ -192,7 +193,9 @@ class RlSession:
             config=LoopConfig(
                 environment=c.environment,
                 task_ids=c.rollout_task_ids, task_styles=c.styles,
-                groups_per_step=c.groups_per_step, queued_groups=2 * c.groups_per_step,
+                groups_per_step=c.groups_per_step,
+                # Synchronous: nothing sampled ahead that the next push would make stale.
+                queued_groups=(2 if c.max_staleness else 1) * c.groups_per_step,
                 export_dir=c.out / "weights", weight_transport=c.weight_transport,
                 grpo=grpo, sampling_seed=c.seed, curriculum=c.curriculum,
             ),

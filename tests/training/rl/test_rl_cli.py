@@ -40,7 +40,8 @@ def test_flags_fill_the_session_config(sessions: list[SessionConfig], tmp_path: 
         "--task", "tools-1", "--task", "tools-2", "--engine-url", "http://a:1",
         "--engine-url", "http://b:2", "--metrics-port", "9100", "--lr", "0.5",
         "--mtp-loss-weight", "0.1", "--task-style", "tools-1=low,high",
-        "--task-style", "tools-2=,low",
+        "--task-style", "tools-2=,low", "--sampling", "uniform", "--no-dynamic-sampling",
+        "--max-staleness", "0", "--correction", "clip",
     ])  # fmt: skip
     assert result.exit_code == 0, result.output
     (config,) = sessions
@@ -49,6 +50,8 @@ def test_flags_fill_the_session_config(sessions: list[SessionConfig], tmp_path: 
     assert config.engine_urls == ("http://a:1", "http://b:2")
     assert (config.metrics_port, config.lr, config.steps, config.out) == (9100, 0.5, 20, tmp_path)
     assert config.mtp_loss_weight == 0.1
+    assert config.curriculum.sampling == "uniform" and not config.curriculum.dynamic_sampling
+    assert (config.max_staleness, config.correction) == (0, "clip")
     assert config.styles == {
         "tools-1": TaskStyle(reasoning_effort="low", verbosity="high"),
         "tools-2": TaskStyle(verbosity="low"),
@@ -72,6 +75,12 @@ def test_flags_fill_the_session_config(sessions: list[SessionConfig], tmp_path: 
         (["--task-style", "digits-0=huge"], "effort 'huge' is not one of none, minimal, low"),
         (["--task-style", "digits-0=low,loud"], "verbosity 'loud' is not one of low, medium"),
         (["--task-style", "digits-0=low", "--task-style", "digits-0=high"], "already has a"),
+        (["--max-staleness", "-1"], "Invalid value for --max-staleness: must be at least 0"),
+        (["--group-size", "1"], "Invalid value for --group-size: must be at least 2, not 1"),
+        (["--steps", "0"], "Invalid value for --steps: must be at least 1, not 0"),
+        (["--environment", "toolchoice", "--task", "tools-0@9"], "not 'tools-0@9'"),
+        (["--sampling", "greedy"], "--sampling must be one of learnability, uniform"),
+        (["--correction", "none"], "--correction must be one of tis, clip"),
     ],
 )
 def test_bad_flags_fail_before_the_session(

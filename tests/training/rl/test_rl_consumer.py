@@ -79,3 +79,32 @@ def test_unacked_entries_come_back_after_a_restart(redis_url: str) -> None:
     again.ack(groups[0].entry_ids)
     third = TrajectoryConsumer(client, stream, "trainer", "c1", group_size=2, max_staleness=2)
     assert third.poll(current_version=0, block_ms=10) == []
+
+
+def test_a_partial_rollout_counts_by_its_newest_turn(redis_url: str) -> None:
+    """An episode that ran on across weight pushes (turns sampled by versions 2, 4 and 5)
+    is kept while its newest turn is within the bound; the batch leaves out the turns
+    older than the bound, and its reward still counts for the group."""
+    from training.rl.batch import build_batch
+    from training.rl.config import GRPOConfig
+
+    client = redis.Redis.from_url(redis_url)
+    stream = f"traj-{uuid.uuid4().hex}"
+    consumer = TrajectoryConsumer(client, stream, "trainer", "c1", group_size=2, max_staleness=1)
+    partial = _trajectory("a", 2, reward=1.0)
+    partial.turns = [
+        Turn(index=i, policy_version=v, prompt_token_ids=[1, 2], completion_token_ids=[3 + i],
+             completion_logprobs=[-0.5])
+        for i, v in enumerate((2, 4, 5))
+    ]  # fmt: skip
+    partial.policy_version_end = 5
+    for trajectory in (partial, _trajectory("a", 5, reward=0.0), _trajectory("b", 3)):
+        _publish(client, stream, trajectory)
+    (group,) = consumer.poll(current_version=5, block_ms=10)
+    assert [t.trajectory_id for t in group.trajectories][0] == partial.trajectory_id
+    assert consumer.stats.dropped_stale == 1  # "b": its only turn is two versions behind
+
+    batch = build_batch([group.trajectories], GRPOConfig(group_size=2), None, min_version=4)
+    # Rows: the partial rollout's turns of versions 4 and 5, then the other's one turn.
+    assert batch.completion_ids[:, 0].tolist() == [4, 5, 3]
+    assert batch.advantages[:2].gt(0).all() and batch.rewards.tolist() == [1.0, 0.0]
