@@ -101,7 +101,7 @@ def test_a_partial_rollout_counts_by_its_newest_turn(redis_url: str) -> None:
     for trajectory in (partial, _trajectory("a", 5, reward=0.0), _trajectory("b", 3)):
         _publish(client, stream, trajectory)
     (group,) = consumer.poll(current_version=5, block_ms=10)
-    assert [t.trajectory_id for t in group.trajectories][0] == partial.trajectory_id
+    assert group.trajectories[0].trajectory_id == partial.trajectory_id
     assert consumer.stats.dropped_stale == 1  # "b": its only turn is two versions behind
 
     batch = build_batch([group.trajectories], GRPOConfig(group_size=2), None, min_version=4)
