@@ -7,8 +7,9 @@ invalid-tool-call rate fall faster? Both arms run here with the same seed and st
 Each arm is one `cstack rl` run: Valkey, rollout worker, trainer, a weight push into vLLM
 after every step. Without ``--engine-url`` each arm starts its own vLLM; with it, both
 arms share that (dev-mode, extension-enabled) engine and the script first pushes
-``--model`` into it, so each arm starts from the same weights. Prints per-step curves and
-the first-quarter / last-quarter / whole-run means of both arms. ``--seeds 0,1,2`` runs
+``--model`` into it (``reset_engine``, which bench/rl_async.py uses too), so each arm
+starts from the same weights. Prints per-step curves and the first-quarter /
+last-quarter / whole-run means of both arms. ``--seeds 0,1,2`` runs
 both arms once per seed and ends with the averages over seeds; ``--kl-coef`` overrides the
 hint-KL coefficient of training/feedback.yaml (through ``cstack rl --feedback-config``).
 """
@@ -26,7 +27,7 @@ from pathlib import Path
 from serving.valkey import running_valkey
 
 
-def _reset_engine(url: str, model: Path, redis_url: str) -> None:
+def reset_engine(url: str, model: Path, redis_url: str) -> None:
     """Put ``model`` into the engine (exact reload) so the arm starts from it."""
     import redis
 
@@ -65,7 +66,7 @@ def _arm(args: argparse.Namespace, seed: int, feedback: bool) -> list[dict[str, 
     if args.kl_coef is not None:
         command += ["--feedback-config", str(_feedback_config(Path(args.out), args.kl_coef))]
     if args.engine_url:
-        _reset_engine(args.engine_url, args.model, args.redis_url)
+        reset_engine(args.engine_url, args.model, args.redis_url)
         command += ["--engine-url", args.engine_url, "--redis-url", args.redis_url]
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     return [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]

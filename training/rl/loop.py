@@ -105,7 +105,9 @@ class StepReport:
     #: the share of tokens whose importance ratio the correction capped.
     mismatch_kl: float = 0.0
     capped_share: float = 0.0
-    #: Seconds this step waited for rollouts, and that share of the step (the trainer idle).
+    #: The step's wall time; the seconds of it spent waiting for rollouts, and that share
+    #: (the trainer idle).
+    seconds: float = 0.0
     waited_s: float = 0.0
     trainer_idle_share: float = 0.0
     #: Rollouts received since the loop started (trained, skipped, carried or dropped).
@@ -248,6 +250,7 @@ class RlLoop:
             hint_teacher_margin=loss_metrics.get("hint_margin", 0.0) / flagged_tokens
             if flagged_tokens
             else None,
+            seconds=elapsed,
             waited_s=waited,
             trainer_idle_share=waited / elapsed,
             rollouts_received=self.consumer.stats.received,
