@@ -52,14 +52,14 @@ class ScriptBatcher:
         reply = await self.connection.request(
             command(b"EVALSHA", script.sha, len(keys), *keys, *args)
         )
-        if isinstance(reply, redis_errors.ResponseError) and str(reply).startswith("NOSCRIPT"):
+        if isinstance(reply, redis_errors.NoScriptError):
             # A script not loaded on connect, or one Redis flushed since. NOSCRIPT ran
             # nothing; EVAL runs the script and caches it again for the calls that follow
             # (calls made meanwhile may run before this one).
             reply = await self.connection.request(
                 command(b"EVAL", script.source, len(keys), *keys, *args)
             )
-        if isinstance(reply, redis_errors.ResponseError):
+        if isinstance(reply, redis_errors.RedisError):
             raise reply
         return reply
 

@@ -100,29 +100,39 @@ return {'ok', req[3], math.ceil(req[1] - now), tok[3], math.ceil(tok[1] - now), 
 # Keys: 1 usage stream, then the settled marker of each request.
 # Argv: 1 marker ttl s, then five per request: budget key prefix, period, request id,
 #       allowance consumed nano, event json.
-# Returns, per request, 1 if this call settled it, 0 if it was settled before.
+# Returns, per request, 1 if this call settled it, 0 if it was settled before, or the
+# error reply that stopped it ("OOM ...", "WRONGTYPE ..."): one request's failure is not
+# the batch's. Redis refusing writes (OOM, READONLY) fails a request's first write, its
+# marker, so such a request applied nothing and can be sent again.
 SETTLE = """
-local settled = {}
+local function settle(marker, a)
+  if not redis.call('SET', marker, '1', 'NX', 'EX', ARGV[1]) then
+    return 0
+  end
+  local bkey = ARGV[a + 1] .. ARGV[a + 2]
+  local akey = bkey .. ':resv-amount'
+  local amount = redis.call('HGET', akey, ARGV[a + 3])
+  if amount then
+    redis.call('HINCRBY', bkey, 'reserved', '-' .. amount)
+    redis.call('HDEL', akey, ARGV[a + 3])
+    redis.call('ZREM', bkey .. ':resv', ARGV[a + 3])
+  end
+  redis.call('HINCRBY', bkey, 'used', ARGV[a + 4])
+  redis.call('EXPIRE', bkey, 70 * 86400)
+  redis.call('XADD', KEYS[1], '*', 'event', ARGV[a + 5])
+  return 1
+end
+local outcomes = {}
 for i = 2, #KEYS do
-  local a = (i - 2) * 5 + 1
-  if redis.call('SET', KEYS[i], '1', 'NX', 'EX', ARGV[1]) then
-    local bkey = ARGV[a + 1] .. ARGV[a + 2]
-    local akey = bkey .. ':resv-amount'
-    local amount = redis.call('HGET', akey, ARGV[a + 3])
-    if amount then
-      redis.call('HINCRBY', bkey, 'reserved', '-' .. amount)
-      redis.call('HDEL', akey, ARGV[a + 3])
-      redis.call('ZREM', bkey .. ':resv', ARGV[a + 3])
-    end
-    redis.call('HINCRBY', bkey, 'used', ARGV[a + 4])
-    redis.call('EXPIRE', bkey, 70 * 86400)
-    redis.call('XADD', KEYS[1], '*', 'event', ARGV[a + 5])
-    settled[i - 1] = 1
+  local ok, result = pcall(settle, KEYS[i], (i - 2) * 5 + 1)
+  if ok then
+    outcomes[i - 1] = result
   else
-    settled[i - 1] = 0
+    if type(result) == 'table' then result = result.err end
+    outcomes[i - 1] = tostring(result)
   end
 end
-return settled
+return outcomes
 """
 
 # Keys: the reservation sorted set of each reservation renewed (one key per entry).

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 from redis import exceptions as redis_errors
+from redis._parsers.base import BaseParser
 from redis.asyncio import BlockingConnectionPool, Redis
 
 from billing import metrics
@@ -57,6 +58,29 @@ def _unreachable(exc: BaseException) -> bool:
         return str(exc).startswith("Timeout connecting")
     # redis-py reports an exhausted BlockingConnectionPool as a ConnectionError too.
     return not str(exc).startswith("No connection available")
+
+
+def _record_outcome(reply: Any) -> BaseException | None:
+    """One record's reply of the settle script: None when settled (now or before), else
+    the error reply as redis-py's exception for it."""
+    if isinstance(reply, int):
+        return None
+    text = reply.decode(errors="replace") if isinstance(reply, bytes) else str(reply)
+    return BaseParser.parse_error(text)
+
+
+#: Error replies that mean Redis is not taking writes now, rather than a bad record.
+REFUSING_WRITES = (
+    redis_errors.ConnectionError,
+    redis_errors.OutOfMemoryError,  # type: ignore[attr-defined]  # newer than the stubs
+    redis_errors.ReadOnlyError,
+    redis_errors.TryAgainError,
+    redis_errors.ClusterDownError,
+)
+
+
+def _redis_refused(outcome: BaseException | None) -> bool:
+    return isinstance(outcome, REFUSING_WRITES)
 
 
 def billing_unavailable() -> AdmissionRefused:
@@ -111,8 +135,9 @@ class RedisMeter:
             [ADMIT_SCRIPT, SETTLE_SCRIPT],
         )
         self._settlements = SettlementQueue(
-            self._send, window_s=settings.settle_batch_window_ms / 1000
+            self._settle_batch, window_s=settings.settle_batch_window_ms / 1000
         )
+        self._redis_answered = False
         renew_script = self.redis.register_script(RENEW)
         self.reservations = ReservationKeeper(
             lambda keys, args: renew_script(keys=keys, args=args), settings.reservation_ttl_s
@@ -267,20 +292,39 @@ class RedisMeter:
             "allowance_nano_usd": event.allowance_consumed_nano_usd,
             "event": event.model_dump_json(),
         }
-        try:
-            await self._settlements.submit(record)
-        except REDIS_DOWN as exc:
-            logger.warning("Redis unreachable (%s); spooling usage event %s", exc, event.event_id)
-            await asyncio.to_thread(self.spool.append, record)
-            self._next_spool_scan = 0.0
-            metrics.usage_spool_events.inc()
-        else:
-            self.local_allowance.redis_answered()
-            if time.monotonic() >= self._next_spool_scan:
-                await self.replay_spool()
+        await self._settlements.submit(record)  # raises only for this record's own error
         metrics.usage_events.labels(event.tier, event.outcome).inc()
+        if self._redis_answered and time.monotonic() >= self._next_spool_scan:
+            await self.replay_spool()
 
-    async def _send(self, records: list[Record]) -> None:
+    async def _settle_batch(self, records: list[Record]) -> list[BaseException | None]:
+        """Settle ``records`` in one script call; spool those Redis could not take
+        (unreachable, or refusing writes: loading, read-only, out of memory), whose replay
+        is idempotent by the settled markers. Only a record's own failure (its keys in a
+        bad state) is returned, as that record's outcome; it is logged by its caller."""
+        try:
+            replies = await self._send(records)
+        except (*REDIS_DOWN, redis_errors.ResponseError) as exc:
+            await self._spool(records, exc)
+            return [None] * len(records)
+        self._redis_answered = True
+        self.local_allowance.redis_answered()
+        outcomes = [_record_outcome(reply) for reply in replies]
+        refused = [i for i, outcome in enumerate(outcomes) if _redis_refused(outcome)]
+        if refused:
+            await self._spool([records[i] for i in refused], outcomes[refused[0]])
+            for i in refused:
+                outcomes[i] = None
+        return outcomes
+
+    async def _spool(self, records: list[Record], reason: BaseException | None) -> None:
+        self._redis_answered = False
+        logger.warning("Redis did not settle (%s); spooling %d usage events", reason, len(records))
+        await asyncio.to_thread(self.spool.append_all, records)
+        self._next_spool_scan = 0.0
+        metrics.usage_spool_events.inc(len(records))
+
+    async def _send(self, records: list[Record]) -> list[Any]:
         """Settle ``records`` in one script call (each at most once, by its marker)."""
         keys = [self.settings.usage_stream]
         args: list[str | int] = [SETTLED_MARKER_TTL_S]
@@ -293,10 +337,13 @@ class RedisMeter:
                 int(record["allowance_nano_usd"]),
                 record["event"],
             ]
-        await self._scripts.call(SETTLE_SCRIPT, keys, args)
+        return list(await self._scripts.call(SETTLE_SCRIPT, keys, args))
 
     async def _send_one(self, record: Record) -> None:
-        await self._send([record])
+        """A spooled record, sent again (an error leaves it spooled)."""
+        outcome = _record_outcome((await self._send([record]))[0])
+        if outcome is not None:
+            raise outcome
 
     async def replay_spool(self) -> int:
         """Send every spooled event (this process's and any dead process's) to Redis."""
@@ -316,11 +363,12 @@ class RedisMeter:
             return sent
 
     async def aclose(self) -> None:
+        """Settle (or spool) what is gathered, replay the spool, then close."""
         await self._settlements.aclose()
-        await self._scripts.aclose()
         await self.reservations.aclose()
         try:
             await self.replay_spool()
         finally:
+            await self._scripts.aclose()
             # redis>=5 has aclose(); the bundled types-redis stubs predate it.
             await cast(Any, self.redis).aclose()

@@ -12,8 +12,9 @@ Connecting follows the same URL as the rest of the product (``redis://``, ``redi
 with ``ssl_cert_reqs`` and ``ssl_ca_certs``, ``unix://``; user, password and db), and its
 errors are redis-py's: ``ConnectionError`` for a refused, dropped or reset connection,
 ``TimeoutError`` for a connect timeout ("Timeout connecting ...") or replies that stopped
-coming ("Timeout reading ..."). An error reply is returned to its caller as a
-``ResponseError``, not raised: one command's failure is not the connection's.
+coming ("Timeout reading ...", also while authenticating: a Redis that accepted the
+connection is there, only slow). An error reply is returned to its caller as redis-py's
+exception for it, not raised: one command's failure is not the connection's.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 
 import hiredis
 from redis import exceptions as redis_errors
+from redis._parsers.base import BaseParser
 from redis.asyncio.connection import SSLConnection, parse_url
 
 Arg = str | bytes | int
@@ -54,6 +56,10 @@ class _Protocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
 
+    def on_running_loop(self) -> bool:
+        """False once used from another event loop than the one it was made on."""
+        return asyncio.get_running_loop() is self._loop
+
     def request(self, data: bytes) -> asyncio.Future[Any]:
         if self.error is not None:
             raise self.error
@@ -79,6 +85,10 @@ class _Protocol(asyncio.Protocol):
         self._parser.feed(data)
         try:
             while (reply := self._parser.gets()) is not False:
+                if isinstance(reply, redis_errors.ResponseError):
+                    # redis-py's classes: LOADING, NOAUTH, "max number of clients" are
+                    # ConnectionErrors (Redis is not there for us), READONLY, OOM, ...
+                    reply = BaseParser.parse_error(str(reply))
                 waiter = self._waiting.popleft()
                 if not waiter.done():
                     waiter.set_result(reply)
@@ -122,39 +132,52 @@ class RespConnection:
 
     def __init__(self, url: str, *, timeout_s: float) -> None:
         self._options: dict[str, Any] = dict(parse_url(url))
+        unsupported = sorted(
+            key for key in self._options if key.startswith("ssl") and key not in TLS_OPTIONS
+        )
+        if unsupported:
+            raise ValueError(
+                f"the Redis URL's {', '.join(unsupported)} is not supported by the meter's "
+                f"connection (supported: {', '.join(sorted(TLS_OPTIONS))})"
+            )
         self._timeout_s = timeout_s
         self._protocol: _Protocol | None = None
         self._connecting: asyncio.Task[_Protocol] | None = None
+        self._closed = False
         #: Commands sent on every new connection after authenticating (e.g. SCRIPT LOAD).
         self.on_connect: list[bytes] = []
 
     async def request(self, data: bytes) -> Any:
         protocol = self._protocol
-        if protocol is None or protocol.error is not None:
+        if protocol is None or protocol.error is not None or not protocol.on_running_loop():
             protocol = await self._connect()
         return await protocol.request(data)
 
     async def _connect(self) -> _Protocol:
+        if self._closed:
+            raise redis_errors.ConnectionError("the meter's Redis connection is closed")
         # One attempt at a time, shared: its callers all go on together once it is made.
-        if self._connecting is None or self._connecting.done():
-            self._connecting = asyncio.get_running_loop().create_task(self._make_connection())
-        return await asyncio.shield(self._connecting)
+        connecting = self._connecting
+        if connecting is None or connecting.done() or not _on_running_loop(connecting):
+            connecting = asyncio.get_running_loop().create_task(self._make_connection())
+            self._connecting = connecting
+        return await asyncio.shield(connecting)
 
     async def _make_connection(self) -> _Protocol:
         options = self._options
         where = options.get("path") or f"{options.get('host')}:{options.get('port', 6379)}"
-        protocol: _Protocol | None = None
         try:
             async with asyncio.timeout(self._timeout_s):
                 protocol = await self._open()
-                await self._handshake(protocol)
-        except BaseException as exc:
-            if protocol is not None:
-                protocol.close()
-            if isinstance(exc, TimeoutError):
-                raise redis_errors.TimeoutError(f"Timeout connecting to {where}") from None
-            if isinstance(exc, OSError):
-                raise redis_errors.ConnectionError(f"Error connecting to {where}: {exc}") from None
+        except TimeoutError:
+            raise redis_errors.TimeoutError(f"Timeout connecting to {where}") from None
+        except OSError as exc:
+            raise redis_errors.ConnectionError(f"Error connecting to {where}: {exc}") from None
+        try:
+            # Under the reply watchdog: a stall here is "Timeout reading" (Redis is up).
+            await self._handshake(protocol)
+        except BaseException:
+            protocol.close()
             raise
         self._protocol = protocol
         return protocol
@@ -187,13 +210,13 @@ class RespConnection:
             steps.append(command(b"SELECT", int(options["db"])))
         for step in steps:
             reply = await protocol.request(step)
-            if isinstance(reply, redis_errors.ResponseError):
-                protocol.close()
+            if isinstance(reply, redis_errors.ConnectionError):  # wrong password, loading
+                raise reply
+            if isinstance(reply, redis_errors.RedisError):
                 raise redis_errors.AuthenticationError(str(reply))
         for step in self.on_connect:
             reply = await protocol.request(step)
-            if isinstance(reply, redis_errors.ResponseError):
-                protocol.close()
+            if isinstance(reply, redis_errors.RedisError):
                 raise reply
 
     @property
@@ -203,15 +226,32 @@ class RespConnection:
         return self._protocol.writes if self._protocol is not None else 0
 
     async def aclose(self) -> None:
-        """Wait for the replies still due, then close."""
+        """Wait for the replies still due, then close; later requests fail at once."""
+        self._closed = True
+        if self._connecting is not None and not self._connecting.done():
+            self._connecting.cancel()
         if self._protocol is not None:
             await self._protocol.drain()
             self._protocol.close()
             self._protocol = None
 
 
+def _on_running_loop(task: asyncio.Task[Any]) -> bool:
+    return task.get_loop() is asyncio.get_running_loop()
+
+
+#: The TLS options of a ``rediss://`` URL this connection applies (others are refused).
+TLS_OPTIONS = frozenset(
+    {"ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_check_hostname"}
+)
+
+
 def _tls_context(options: dict[str, Any]) -> ssl.SSLContext:
     context = ssl.create_default_context(cafile=options.get("ssl_ca_certs"))
+    if options.get("ssl_certfile"):
+        context.load_cert_chain(options["ssl_certfile"], options.get("ssl_keyfile"))
+    if str(options.get("ssl_check_hostname", "true")).lower() in ("false", "0", "no"):
+        context.check_hostname = False
     requirement = str(options.get("ssl_cert_reqs", "required")).lower()
     if requirement == "none":
         context.check_hostname = False

@@ -15,7 +15,7 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +32,14 @@ class UsageSpool:
 
     def append(self, record: dict[str, Any]) -> None:
         """Durably append one record (the write is on disk when this returns)."""
+        self.append_all([record])
+
+    def append_all(self, records: Sequence[dict[str, Any]]) -> None:
+        """Durably append records in one write (on disk when this returns)."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
+        line = b"".join(
+            (json.dumps(record, separators=(",", ":")) + "\n").encode() for record in records
+        )
         while True:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             try:

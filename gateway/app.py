@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, replace
 from datetime import date
 
@@ -154,17 +154,18 @@ def _lifespan(
 ) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await parts.upstreams.start()
-        await parts.auth.start()
-        try:
+        async with AsyncExitStack() as closing:
+            # Closed in reverse, each even if another failed to: the meter (what it has
+            # gathered to settle) after the relay's settlements, and before Redis.
+            closing.push_async_callback(parts.redis.aclose)  # type: ignore[attr-defined]
+            closing.push_async_callback(usage.aclose)
+            closing.push_async_callback(meter.aclose)
+            closing.push_async_callback(parts.relay.aclose)
+            await parts.upstreams.start()
+            closing.push_async_callback(parts.upstreams.aclose)
+            await parts.auth.start()
+            closing.push_async_callback(parts.auth.aclose)
             yield
-        finally:
-            await parts.auth.aclose()
-            await parts.upstreams.aclose()
-            await parts.relay.aclose()
-            await meter.aclose()
-            await usage.aclose()
-            await parts.redis.aclose()  # type: ignore[attr-defined]  # stubs predate aclose
 
     return lifespan
 

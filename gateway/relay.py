@@ -144,8 +144,10 @@ class Relay:
         task.add_done_callback(self._settling.discard)
 
     async def aclose(self) -> None:
-        """Wait for the settlements still under way (before the meter closes)."""
-        await asyncio.gather(*self._settling, return_exceptions=True)
+        """Wait for the settlements still under way (before the meter closes), and for
+        any started meanwhile."""
+        while self._settling:
+            await asyncio.gather(*self._settling, return_exceptions=True)
 
     async def settle(self, exchange: Exchange, outcome: Outcome, usage: dict[str, Any]) -> None:
         """Report usage once; billing errors are logged, never turned into client errors."""

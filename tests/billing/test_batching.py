@@ -109,9 +109,10 @@ def test_an_unreachable_redis_fails_every_call_waiting() -> None:
 def test_a_redis_that_stops_answering_times_out_and_the_next_call_reconnects(
     redis_url: str,
 ) -> None:
-    """A server that accepts and never answers: connecting times out ("Timeout connecting",
-    the handshake got no reply); a Redis that answered and then goes silent mid-call gives
-    "Timeout reading" (the script may have run), and the connection is made again."""
+    """A server that accepts the connection and never answers the handshake, and a Redis
+    that answered and then goes silent mid-call, both give "Timeout reading": Redis is
+    there, only slow, and the script may have run (admission then fails closed rather
+    than admitting on the outage allowance). The next call connects again."""
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     silent.listen()
@@ -130,7 +131,7 @@ def test_a_redis_that_stops_answering_times_out_and_the_next_call_reconnects(
     finally:
         silent.close()
     assert isinstance(error, redis_errors.TimeoutError)
-    assert str(error).startswith("Timeout connecting")
+    assert str(error).startswith("Timeout reading")
 
     async def scenario(batcher: ScriptBatcher, redis: Redis) -> tuple[Any, ...]:
         connection = batcher.connection
@@ -154,11 +155,13 @@ def test_the_password_and_db_of_the_url_are_used(redis_url: str) -> None:
     async def scenario(batcher: ScriptBatcher, redis: Redis) -> tuple[Any, ...]:
         other_db = f"redis://{parsed.netloc}/3"
         own = RespConnection(other_db, timeout_s=5)
+        reader = Redis.from_url(other_db)
         try:
             await own.request(command(b"SET", "batching:db", "3"))
-            seen_in_3 = await Redis.from_url(other_db).get("batching:db")
+            seen_in_3 = await reader.get("batching:db")
         finally:
             await own.aclose()
+            await reader.aclose()  # type: ignore[attr-defined]
         wrong = RespConnection(f"redis://:wrong@{parsed.hostname}:{parsed.port}/0", timeout_s=5)
         try:
             await wrong.request(command(b"PING"))
@@ -266,6 +269,7 @@ def test_a_rediss_url_talks_tls_and_checks_the_certificate(redis_url: str, tmp_p
                 outcomes.append(exc)
             await connection.aclose()
         front.close()
+        await front.wait_closed()
         return tuple(outcomes)
 
     trusted, unknown_ca, unchecked = asyncio.run(scenario())
@@ -273,3 +277,40 @@ def test_a_rediss_url_talks_tls_and_checks_the_certificate(redis_url: str, tmp_p
     assert isinstance(unknown_ca, redis_errors.ConnectionError)
     assert "certificate verify failed" in str(unknown_ca)
     assert unchecked == b"PONG"
+
+
+def test_redis_refusing_while_it_loads_is_redis_unreachable() -> None:
+    """A Redis still loading its dataset answers every command with LOADING: that is
+    redis-py's BusyLoadingError, a ConnectionError, so the meter spools settlements and
+    admission uses the outage allowance, as for a Redis that is down."""
+
+    async def loading(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.read(65536):
+            writer.write(b"-LOADING Redis is loading the dataset in memory\r\n")
+
+    async def scenario() -> list[BaseException]:
+        server = await asyncio.start_server(loading, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        errors: list[BaseException] = []
+        for scripts in ([], [APPEND]):  # fails the call, or the script load on connect
+            batcher = ScriptBatcher(
+                RespConnection(f"redis://127.0.0.1:{port}/0", timeout_s=5), scripts
+            )
+            try:
+                await batcher.call(APPEND, ["k"], ["v"])
+            except redis_errors.RedisError as exc:
+                errors.append(exc)
+            await batcher.aclose()
+        server.close()
+        await server.wait_closed()
+        return errors
+
+    errors = asyncio.run(scenario())
+    assert len(errors) == 2
+    assert all(isinstance(e, redis_errors.BusyLoadingError) for e in errors)
+    assert all(isinstance(e, redis_errors.ConnectionError) for e in errors)
+
+
+def test_tls_options_the_connection_cannot_apply_are_refused() -> None:
+    with pytest.raises(ValueError, match="ssl_ciphers is not supported"):
+        RespConnection("rediss://h:1/0?ssl_ciphers=HIGH", timeout_s=1)

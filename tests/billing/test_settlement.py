@@ -1,7 +1,8 @@
 """Settlements sent together (``billing.settlement``), against the session's real Valkey:
 the settlements of a moment go in one script call, each applied exactly once with its own
-reservation released; a batch that cannot be sent fails every caller in it, so each spools
-its own record; and a meter that closes sends what is still waiting."""
+reservation released; one record's bad key fails only that record; what Redis cannot take
+(unreachable, out of memory) is spooled, whether its caller still waits or not, and
+replays exactly; and a meter that closes sends what is still waiting."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 from billing_support import admission_request, usage_for
 from redis import exceptions as redis_errors
+from redis.asyncio import Redis
 
 from billing.redis_meter import RedisMeter, budget_prefix
 from billing.settings import BillingSettings
@@ -28,9 +30,9 @@ class CountingMeter(RedisMeter):
         super().__init__(settings)
         self.batches: list[int] = []
 
-    async def _send(self, records: list[Record]) -> None:
+    async def _send(self, records: list[Record]) -> list[Any]:
         self.batches.append(len(records))
-        await super()._send(records)
+        return await super()._send(records)
 
 
 @pytest.fixture
@@ -73,26 +75,81 @@ async def test_settlements_of_a_moment_go_in_one_call_each_applied_once(
     assert len(await meter.redis.xrange(meter.settings.usage_stream)) == 41
 
 
-async def test_a_batch_that_cannot_be_sent_fails_each_caller() -> None:
-    sent: list[list[Record]] = []
-
-    async def unreachable(records: list[Record]) -> None:
-        sent.append(records)
-        raise redis_errors.ConnectionError("Connection refused")
-
-    queue = SettlementQueue(unreachable, window_s=0.01)
-    results: list[Any] = await asyncio.gather(
-        *(queue.submit({"event_id": str(i)}) for i in range(5)), return_exceptions=True
+async def test_one_records_bad_key_fails_only_that_record(meter: CountingMeter) -> None:
+    good = admission_request(org="org-good", key="key-batch", prompt=10)
+    bad = admission_request(org="org-bad", key="key-batch", prompt=10)
+    admitted = [await meter.admit(good), await meter.admit(bad)]
+    period = str(admitted[0].reservation_id).split("/")[0]
+    await meter.redis.delete(budget_prefix("org-bad") + period)
+    await meter.redis.set(budget_prefix("org-bad") + period, "not a hash")  # WRONGTYPE
+    results = await asyncio.gather(
+        meter.settle(admitted[0], usage_for(good, completion=1)),
+        meter.settle(admitted[1], usage_for(bad, completion=1)),
+        return_exceptions=True,
     )
-    assert [len(batch) for batch in sent] == [5]
-    assert all(isinstance(r, redis_errors.ConnectionError) for r in results)
+    assert meter.batches == [2]
+    assert results[0] is None
+    assert isinstance(results[1], redis_errors.ResponseError) and "WRONGTYPE" in str(results[1])
+    used = await meter.redis.hget(budget_prefix("org-good") + period, "used")
+    assert int(used) == 10 * 3000 + 1 * 15000
+    assert meter.spool.pending_count() == 0  # a bad record is not retried forever
+
+
+async def test_what_redis_refuses_to_write_is_spooled_and_replays_exactly(
+    meter: CountingMeter, redis_url: str
+) -> None:
+    requests = [admission_request(org="org-oom", key="key-batch", prompt=10) for _ in range(3)]
+    admitted = [await meter.admit(r) for r in requests]
+    period = str(admitted[0].reservation_id).split("/")[0]
+    admin = Redis.from_url(redis_url)
+    await admin.config_set("maxmemory", "1")  # every write refused: OOM
+    try:
+        waiting = [
+            asyncio.ensure_future(meter.settle(a, usage_for(r, completion=2)))
+            for a, r in zip(admitted, requests, strict=True)
+        ]
+        await asyncio.sleep(0)
+        waiting[0].cancel()  # a caller that stops waiting: its record is spooled all the same
+        results = await asyncio.gather(*waiting, return_exceptions=True)
+    finally:
+        await admin.config_set("maxmemory", "0")
+        await admin.aclose()
+    assert isinstance(results[0], asyncio.CancelledError) and results[1:] == [None, None]
+    assert meter.spool.pending_count() == 3
+    assert await meter.redis.hget(budget_prefix("org-oom") + period, "used") is None
+
+    assert await meter.replay_spool() == 3
+    assert await meter.replay_spool() == 0
+    used = await meter.redis.hget(budget_prefix("org-oom") + period, "used")
+    assert int(used) == 3 * (10 * 3000 + 2 * 15000)
+    entries = await meter.redis.xrange(meter.settings.usage_stream)
+    ids = sorted(json.loads(fields[b"event"])["event_id"] for _, fields in entries)
+    assert ids == sorted(r.request_id for r in requests)
+
+
+async def test_an_unreachable_redis_spools_each_record_of_the_batch(
+    billing_settings: BillingSettings,
+) -> None:
+    settings = billing_settings.model_copy(
+        update={"redis_url": "redis://127.0.0.1:1/0", "redis_timeout_s": 1.0}
+    )
+    meter = RedisMeter(settings)
+    try:
+        records = [{"event_id": str(i), "budget_prefix": "p", "period": "2026-12",
+                    "allowance_nano_usd": 1, "event": "{}"} for i in range(5)]  # fmt: skip
+        outcomes = await meter._settle_batch(records)
+        assert outcomes == [None] * 5
+        assert meter.spool.pending_count() == 5
+    finally:
+        await meter.aclose()
 
 
 async def test_closing_sends_what_is_waiting_even_if_its_caller_gave_up() -> None:
     sent: list[Record] = []
 
-    async def send(records: list[Record]) -> None:
+    async def send(records: list[Record]) -> list[None]:
         sent.extend(records)
+        return [None] * len(records)
 
     queue = SettlementQueue(send, window_s=3600)  # only a close or a full batch sends
     waiter = asyncio.ensure_future(queue.submit({"event_id": "a"}))
@@ -100,7 +157,9 @@ async def test_closing_sends_what_is_waiting_even_if_its_caller_gave_up() -> Non
     waiter.cancel()
     await queue.aclose()
     assert sent == [{"event_id": "a"}]
+    await queue.submit({"event_id": "late"})  # after the close: sent at once, alone
+    assert sent[-1] == {"event_id": "late"}
 
     full = SettlementQueue(send, window_s=3600, max_batch=2)
     await asyncio.gather(full.submit({"event_id": "b"}), full.submit({"event_id": "c"}))
-    assert sent[1:] == [{"event_id": "b"}, {"event_id": "c"}]
+    assert sent[2:] == [{"event_id": "b"}, {"event_id": "c"}]
