@@ -15,10 +15,11 @@ into vLLM after every step) on the digits environment:
 
 Both share ``--engine-url`` (a dev-mode engine with the weight-sync extension, e.g.
 ``cstack serve --variant shared --model DIR --weight-sync``), into which ``--model`` is
-pushed before each arm so that both start from the same weights. Per arm: rollouts
-received per second of the whole run, the trainer's idle share (its wait for rollouts
-over the step's time, mean over steps), groups skipped and carried, stale rollouts
-dropped, the mean staleness and the mean reward.
+pushed before each arm so that both start from the same weights. Per arm, over the
+loop's steps end to end: steps per minute, rollouts trained on per second, the trainer's
+idle share (its wait for rollouts over the step's time, mean over steps), rollouts
+sampled but not trained on (skipped, carried past the last step, or dropped as stale),
+stale rollouts dropped, the mean staleness and the mean reward.
 """
 
 from __future__ import annotations
@@ -69,8 +70,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1, help="rollout worker processes")
     parser.add_argument("--out", default=".cstack/bench-rl-async")
     args = parser.parse_args()
-    print("| loop | rollouts received / s | trainer idle share | steps / min | skipped "
-          "groups | stale dropped | mean staleness | mean reward |")  # fmt: skip
+    print("| loop | steps / min | rollouts trained / s | trainer idle share | rollouts "
+          "sampled, not trained | stale dropped | mean staleness | mean reward |")  # fmt: skip
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     with ExitStack() as stack:
         args.redis_url = stack.enter_context(running_valkey())
@@ -80,11 +81,11 @@ def main() -> None:
             # same for both arms, left out).
             loop_s = sum(s["seconds"] for s in steps)
             received = steps[-1]["rollouts_received"]
+            trained = len(steps) * args.groups_per_step * args.group_size
             idle = statistics.fmean(s["trainer_idle_share"] for s in steps)
             print(
-                f"| {name} | {received / loop_s:.2f} | {idle:.2f} | "
-                f"{60 * len(steps) / loop_s:.1f} | {sum(s['skipped_groups'] for s in steps)} | "
-                f"{steps[-1]['dropped_stale']} | "
+                f"| {name} | {60 * len(steps) / loop_s:.1f} | {trained / loop_s:.2f} | "
+                f"{idle:.2f} | {received - trained} | {steps[-1]['dropped_stale']} | "
                 f"{statistics.fmean(s['staleness'] for s in steps):.2f} | "
                 f"{statistics.fmean(s['mean_reward'] for s in steps):.3f} |"
             )

@@ -34,7 +34,8 @@ IGNORE_INDEX = -100
 class LossTerms:
     loss_sum: Tensor  # differentiable scalar: sum of per-token losses on this rank
     tokens: Tensor  # scalar: how many tokens loss_sum covers
-    # Extra scalars to report, as sums over this rank's tokens (the trainer averages them).
+    # Extra scalars to report, as sums over this rank's tokens: the trainer sums them over
+    # ranks into StepStats.loss_metrics. Every rank's hook must report the same names.
     metrics: dict[str, Tensor] = field(default_factory=dict)
 
 

@@ -34,8 +34,9 @@ class GRPOConfig:
     group_size: int = 4
     #: ``tis``: each token's gradient weighted by the truncated importance ratio
     #: min(p_trainer / p_sampler, tis_cap), detached; ``clip``: PPO's clipped ratio
-    #: against the sampler's logprobs, which zeroes the gradient of any token whose ratio
-    #: left [1 - clip_low, 1 + clip_high], mismatch or not.
+    #: against the sampler's logprobs, which zeroes the gradient of a token whose ratio
+    #: left [1 - clip_low, 1 + clip_high] on its advantage's side (above with A > 0,
+    #: below with A < 0), mismatch or not, and leaves the other side unbounded.
     correction: Correction = "tis"
     tis_cap: float = 2.0
     clip_low: float = 0.2
@@ -45,6 +46,12 @@ class GRPOConfig:
     std_eps: float = 1e-6
     max_staleness: int = 2
     feedback: TextFeedbackConfig = field(default_factory=TextFeedbackConfig)
+
+    def __post_init__(self) -> None:
+        if self.tis_cap < 1:
+            raise ValueError(f"tis_cap is a ratio's ceiling, at least 1, not {self.tis_cap}")
+        if self.max_staleness < 0:
+            raise ValueError(f"max_staleness must be at least 0, not {self.max_staleness}")
 
 
 ENVIRONMENTS = ("digits", "toolchoice", "coding")
@@ -127,7 +134,8 @@ class SessionConfig:
     correction: Correction = option(
         "tis", "How the gradient treats tokens the engine sampled with other probabilities "
         "than the trainer's policy gives them: tis (weighted by their ratio, truncated at 2) "
-        "or clip (PPO's clip, which drops the gradient of tokens outside 1 +- 0.2).",
+        "or clip (PPO's clip: no gradient for a token whose ratio is over 1.2 with a "
+        "positive advantage, or under 0.8 with a negative one).",
     )  # fmt: skip
     feedback: bool = option(True, "Targeted text feedback (hint KL).")
     #: Triggers, hints and the hint-KL coefficient (YAML); None: training/feedback.yaml.

@@ -5,9 +5,10 @@ never does, gives every rollout the same reward, an advantage of zero and no gra
 while costing a whole group of rollouts. So each task keeps a pass rate ``p`` (a moving
 average over its recent groups) and is drawn with weight ``p (1 - p)``, the variance of
 its reward, largest at a coin flip; a floor keeps every task in sight, since rates drift
-as the policy learns. A task solved for long enough (``retire_at`` over
-``retire_after_groups`` groups) is retired and its harder variant, if its environment has
-one, joins in its place. ``uniform`` draws every task alike, for comparison.
+as the policy learns. A task whose pass rate reaches ``retire_at`` (after at least
+``retire_after_groups`` groups; from the prior, the default smoothing needs 7 groups in a
+row that all pass) is retired and its harder variant, if its environment has one, joins
+in its place. ``uniform`` draws every task alike, for comparison.
 
 Nothing here imports torch or talks to a service: the loop records each group's rewards
 and asks for the next task.

@@ -35,6 +35,11 @@ from training.rollouts.gate import PolicyVersionGate
 from training.rollouts.metrics import STALENESS
 from training.rollouts.request import RolloutRequest, TaskStyle
 
+#: Groups skipped for equal rewards per group a step needs, after which the step trains on
+#: what comes (when every task gives equal rewards, e.g. early coding runs all at 0, the
+#: loop goes on instead of sampling until its timeout).
+MAX_SKIPS_PER_GROUP = 4
+
 
 class TrainerLike(Protocol):
     """What the loop needs of training.Trainer (kept narrow for the loop's own tests)."""
@@ -68,7 +73,9 @@ class LoopConfig:
     export_dir: Path = Path(".cstack/rl/weights")
     keep_exports: int = 2
     #: Seeds vLLM's sampling of the k-th submitted rollout with ``sampling_seed * 10**6 + k``
-    #: (None: unseeded), so two runs with the same seed draw the same random numbers.
+    #: (None: unseeded), so two runs with the same seed draw the same random numbers, and
+    #: the curriculum's draws. Which task the k-th group samples also depends on the order
+    #: in which groups come back, which asynchronous workers do not fix.
     sampling_seed: int | None = None
     #: Per task id: the reasoning effort and verbosity its rollouts ask for (absent: none;
     #: a harder variant, ``ID@n``, asks for what ``ID`` does).
@@ -112,8 +119,9 @@ class StepReport:
     trainer_idle_share: float = 0.0
     #: Rollouts received since the loop started (trained, skipped, carried or dropped).
     rollouts_received: int = 0
-    #: On the turns that got text feedback: nats per token by which the hinted teacher
-    #: makes their tokens less likely than the policy does (None: no feedback this step).
+    #: On the turns that got text feedback: nats per token (all of their tokens) by which
+    #: the hinted teacher makes them less likely than the policy does (None: no feedback
+    #: this step).
     hint_teacher_margin: float | None = None
 
 
@@ -145,14 +153,18 @@ class RlLoop:
         self._carried: list[TrajectoryGroup] = []
         self._started = time.monotonic()
 
-    def _in_flight_groups(self) -> float:
+    def _in_flight_groups(self) -> int:
+        """Groups submitted and not yet wholly received (a group some of whose rollouts
+        are still out is in flight)."""
         done = self.consumer.stats.received + self.consumer.stats.dropped_malformed
-        return self._submitted_groups - done / self.config.grpo.group_size
+        return self._submitted_groups - done // self.config.grpo.group_size
 
-    def top_up(self) -> None:
-        """Queue whole groups (same task, current version) until enough are in flight."""
+    def top_up(self, wanted: int | None = None) -> None:
+        """Queue whole groups (same task, current version) until ``wanted`` are in flight
+        (default: ``queued_groups``)."""
         version = self.gate.version()
-        while self._in_flight_groups() < self.config.queued_groups:
+        target = self.config.queued_groups if wanted is None else wanted
+        while self._in_flight_groups() < target:
             task_id = self.curriculum.choose()
             styles = self.config.task_styles
             style = styles.get(task_id) or styles.get(task_id.partition("@")[0], TaskStyle())
@@ -175,30 +187,37 @@ class RlLoop:
         started = time.monotonic()
         version = self.gate.version()
         groups = self._fresh_carried(version)
+        min_version = version - self.config.grpo.max_staleness
         skipped = 0
         deadline = started + timeout_s
+        # Keep ``queued_groups`` ahead, counting those in hand (so a synchronous loop, whose
+        # queue is one step, samples nothing the next push would make stale).
+        self.top_up(self.config.queued_groups - len(groups))
         while len(groups) < self.config.groups_per_step:
             if time.monotonic() > deadline:
                 raise TimeoutError("no fresh trajectory groups arrived in time")
-            self.top_up()
             for group in self.consumer.poll(version, block_ms=500):
-                rewards = [t.reward for t in group.trajectories]
-                self.curriculum.record(group.task_id, rewards)
-                if self.curriculum.trains_on(rewards) or _has_feedback(group):
+                self.curriculum.record(group.task_id, [t.reward for t in group.trajectories])
+                teaches = self._teaches(group, min_version)
+                if teaches or skipped >= MAX_SKIPS_PER_GROUP * self.config.groups_per_step:
                     groups.append(group)
                 else:
                     self.consumer.ack(group.entry_ids)
                     skipped += 1
-        groups, self._carried = (
-            groups[: self.config.groups_per_step],
-            groups[self.config.groups_per_step :],
-        )
+            self.top_up(self.config.queued_groups - len(groups))
+        groups, extra = groups[: self.config.groups_per_step], groups[self.config.groups_per_step :]
+        # Only groups that teach wait for the next step (the others came in past the cap).
+        self._carried = [g for g in extra if self._teaches(g, min_version)]
+        for group in extra:
+            if group not in self._carried:
+                self.consumer.ack(group.entry_ids)
+                skipped += 1
         waited = time.monotonic() - started
         trajectories = [t for g in groups for t in g.trajectories]
         grpo = self.config.grpo
         batch = build_batch(
             [g.trajectories for g in groups], grpo, self.encode, self.pad_id,
-            min_version=version - grpo.max_staleness,
+            min_version=min_version,
         )  # fmt: skip
         parallel = getattr(getattr(self.trainer, "config", None), "parallel", None)
         inputs = trainer_batch(
@@ -258,6 +277,24 @@ class RlLoop:
         _publish(report)
         return report
 
+    def _teaches(self, group: TrajectoryGroup, min_version: int) -> bool:
+        """Whether a group is worth a gradient step (see the curriculum's dynamic
+        sampling): its rewards differ, or its hint KL teaches."""
+        rewards = [t.reward for t in group.trajectories]
+        return self.curriculum.trains_on(rewards) or self._hint_teaches(group, min_version)
+
+    def _hint_teaches(self, group: TrajectoryGroup, min_version: int) -> bool:
+        """Whether a group whose rewards are equal still teaches by its hint KL: feedback
+        is on and one of its flagged turns is recent enough to be trained on."""
+        feedback = self.config.grpo.feedback
+        if not (feedback.enabled and feedback.kl_coef > 0):
+            return False
+        for trajectory in group.trajectories:
+            versions = {turn.index: turn.policy_version for turn in trajectory.turns}
+            if any(versions.get(m.turn_index, -1) >= min_version for m in trajectory.feedback):
+                return True
+        return False
+
     def _fresh_carried(self, version: int) -> list[TrajectoryGroup]:
         """The groups carried from the last step that are still within the staleness bound
         (the others are dropped and acknowledged, as the consumer does)."""
@@ -287,10 +324,6 @@ def _no_variant(task_id: str) -> None:
 def _rewards_differ(group: TrajectoryGroup) -> bool:
     rewards = [t.reward for t in group.trajectories]
     return max(rewards) != min(rewards)
-
-
-def _has_feedback(group: TrajectoryGroup) -> bool:
-    return any(t.feedback for t in group.trajectories)
 
 
 def _publish(report: StepReport) -> None:

@@ -8,11 +8,13 @@ is nowhere in it. The harness keeps the original test files outside the sandbox.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 from training.tasks.deletion import Candidate, canaries, candidates, delete_feature
@@ -22,6 +24,8 @@ from training.tasks.spec import TaskSpec
 from training.tasks.suite import run_suite
 
 TASK_FILE = "task.json"
+#: One JSON line per codebase built into a task folder (``cstack tasks stats`` reads it).
+BUILD_LOG = "builds.jsonl"
 
 
 class TaskBuildError(RuntimeError):
@@ -43,6 +47,7 @@ class BuildReport:
     rejected: list[tuple[str, str]] = field(default_factory=list)
     scrubbed: list[str] = field(default_factory=list)
     baseline_passed: int = 0
+    candidates: int = 0
 
 
 def _text_of(tree: Path) -> str:
@@ -99,12 +104,28 @@ def build_tasks(
         for candidate in ranked[: config.max_candidates]:
             if len(report.tasks) >= config.max_tasks:
                 break
+            report.candidates += 1
             name = candidate.feature.name
             reason = _try_candidate(clean, layout, candidate, baseline.passed, out, config, report)
             if reason:
                 report.rejected.append((name, reason))
             log(f"{candidate.feature.kind} {candidate.feature.path}:{name}: {reason or 'kept'}")
+    _log_build(out, config.source_name or repo.name, report)
     return report
+
+
+def _log_build(out: Path, source: str, report: BuildReport) -> None:
+    entry = {
+        "source": source,
+        "at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "baseline_passed": report.baseline_passed,
+        "candidates": report.candidates,
+        "kept": [task.task_id for task in report.tasks],
+        "rejected": [list(pair) for pair in report.rejected],
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / BUILD_LOG).open("a") as log:
+        log.write(json.dumps(entry) + "\n")
 
 
 def _task_id(source: str, candidate: Candidate) -> str:

@@ -55,6 +55,29 @@ def build(
         raise typer.Exit(1)
 
 
+@tasks_app.command("stats")
+def stats(
+    tasks: Path = typer.Option(..., "--tasks", help="An output folder of `tasks build`."),
+) -> None:
+    """Per codebase: candidates tried, tasks kept, and rejections by reason."""
+    from training.tasks.stats import build_stats
+
+    try:
+        rows = build_stats(tasks)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--tasks") from None
+    typer.echo("codebase\tbaseline tests\tcandidates\tkept\trejected (why)")
+    for row in rows:
+        why = "; ".join(f"{count} {kind}" for kind, count in row.rejected.most_common())
+        rejected = sum(row.rejected.values())
+        typer.echo(
+            f"{row.source}\t{row.baseline_passed}\t{row.candidates}\t{row.kept}\t"
+            f"{rejected}{f' ({why})' if why else ''}"
+        )
+    typer.echo(f"total\t\t{sum(r.candidates for r in rows)}\t{sum(r.kept for r in rows)}\t"
+               f"{sum(sum(r.rejected.values()) for r in rows)}")  # fmt: skip
+
+
 @tasks_app.command("score")
 def score(
     task: Path = typer.Option(..., "--task", help="A task folder written by `tasks build`."),

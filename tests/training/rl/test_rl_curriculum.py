@@ -24,7 +24,7 @@ from prometheus_client import REGISTRY
 from training.rl.config import GRPOConfig
 from training.rl.consumer import TrajectoryConsumer
 from training.rl.curriculum import Curriculum, CurriculumConfig
-from training.rl.loop import LoopConfig, RlLoop, StepReport
+from training.rl.loop import LoopConfig, RlLoop
 from training.rollouts.environments import harder_task, toolchoice_available
 from training.rollouts.gate import PolicyVersionGate
 from training.rollouts.request import RolloutRequest
@@ -145,18 +145,25 @@ class VersionPush:
         return self.gate.version()
 
 
-def run_loop(redis_url: str, curriculum: CurriculumConfig, steps: int) -> tuple[Any, ...]:
+def run_loop(
+    redis_url: str,
+    curriculum: CurriculumConfig,
+    steps: int,
+    max_staleness: int = 2,
+    tasks: tuple[str, ...] = tuple(SCRIPT),
+) -> tuple[Any, ...]:
     client = redis.Redis.from_url(redis_url)
     stream = f"traj-{uuid.uuid4().hex}"
     gate = PolicyVersionGate(client, f"{stream}:policy")
     gate.set_version(0)
-    consumer = TrajectoryConsumer(client, stream, "trainer", "t0", 4, max_staleness=2)
+    consumer = TrajectoryConsumer(client, stream, "trainer", "t0", 4, max_staleness)
     worker = ScriptedWorker(client, stream)
     trainer = RecordingTrainer()
     loop = RlLoop(
         trainer, consumer, gate, VersionPush(gate), worker,
-        LoopConfig(environment="scripted", task_ids=tuple(SCRIPT), groups_per_step=2,
-                   queued_groups=4, grpo=GRPOConfig(group_size=4), sampling_seed=0,
+        LoopConfig(environment="scripted", task_ids=tasks, groups_per_step=2,
+                   queued_groups=4 if max_staleness else 2, sampling_seed=0,
+                   grpo=GRPOConfig(group_size=4, max_staleness=max_staleness),
                    curriculum=curriculum),
         encode=lambda text: [1] * len(text),
     )  # fmt: skip
@@ -195,7 +202,22 @@ def test_without_dynamic_sampling_uniform_groups_are_trained_on(redis_url: str) 
     assert sum(r.skipped_groups for r in reports) == 0
 
 
-def test_step_reports_say_what_the_curriculum_did() -> None:
-    fields = StepReport.__dataclass_fields__
-    for name in ("skipped_groups", "zero_advantage_groups", "carried_groups", "active_tasks"):
-        assert name in fields
+def test_a_synchronous_loop_samples_only_what_each_step_needs(redis_url: str) -> None:
+    """With no staleness allowed, nothing is sampled ahead for the next step (the push
+    would make it stale): every rollout is trained on or skipped, none dropped."""
+    reports, _, worker, _, pending = run_loop(
+        redis_url, CurriculumConfig(), steps=4, max_staleness=0
+    )
+    assert all(r.dropped_stale == 0 and r.carried_groups == 0 for r in reports)
+    skipped = sum(r.skipped_groups for r in reports)
+    assert len(worker.requests) == (4 * 2 + skipped) * 4
+    assert pending == 0
+
+
+def test_when_every_group_has_equal_rewards_the_loop_goes_on(redis_url: str) -> None:
+    """Nothing to learn anywhere: after 4 skips per group needed, the step trains on what
+    comes instead of sampling until its timeout."""
+    reports, *_ = run_loop(redis_url, CurriculumConfig(), steps=2, tasks=("hopeless",))
+    assert all(r.skipped_groups >= 8 for r in reports)  # and those past the cap: not carried
+    assert [r.zero_advantage_groups for r in reports] == [2, 2]
+    assert all(r.carried_groups == 0 for r in reports)

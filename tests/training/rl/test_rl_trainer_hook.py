@@ -92,7 +92,9 @@ def test_hook_in_trainer_equals_reference(
     assert loss == pytest.approx(float(expected.detach()), rel=1e-5, abs=1e-7)
     # The hook's metrics reach the trainer's step stats, summed over tokens.
     assert trainer.loss_metrics["mismatch_kl"] == pytest.approx(stats.approx_kl * tokens, rel=1e-4)
-    assert trainer.loss_metrics["capped_tokens"] == round(stats.capped_fraction * tokens)
+    # A token whose ratio sits at the cap may fall either side in the two computations.
+    capped = stats.capped_fraction * tokens
+    assert abs(trainer.loss_metrics["capped_tokens"] - capped) <= 1
     assert stats.approx_kl > 0  # the random model is far from the logprobs "sampled"
     # The teacher's margin on the flagged tokens, by hand on the reference model.
     with torch.no_grad():

@@ -141,3 +141,20 @@ def test_repo_without_passing_tests_is_refused(tmp_path: Path) -> None:
         test.write_text("def test_fails():\n    assert False\n")
     with pytest.raises(TaskBuildError, match="no test passes"):
         build_tasks(repo, tmp_path / "out", BuildConfig())
+
+
+def test_stats_report_each_codebase_from_the_build_log(built: Path) -> None:
+    from typer.testing import CliRunner
+
+    from training.tasks.cli import tasks_app
+
+    result = CliRunner().invoke(tasks_app, ["stats", "--tasks", str(built.parent)])
+    assert result.exit_code == 0, result.output
+    lines = [line.split("\t") for line in result.output.splitlines()]
+    assert lines[0] == ["codebase", "baseline tests", "candidates", "kept", "rejected (why)"]
+    assert lines[1] == ["textkit", "10", "2", "1", "1 (1 no test goes from pass to fail)"]
+    assert lines[2] == ["total", "", "2", "1", "1"]
+
+    missing = CliRunner().invoke(tasks_app, ["stats", "--tasks", str(built)])
+    assert missing.exit_code == 2
+    assert "has no builds.jsonl" in " ".join(missing.output.replace("│", " ").split())
