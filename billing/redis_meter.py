@@ -205,6 +205,9 @@ class RedisMeter:
             )
         except REDIS_DOWN as exc:
             return self._admit_without_redis(request, worst.allowance_consumed_nano, exc)
+        except redis_errors.ResponseError as exc:  # Redis refusing writes (OOM, READONLY)
+            logger.warning("refused %s: Redis refused admission (%s)", request.request_id, exc)
+            raise billing_unavailable() from exc
         self.local_allowance.redis_answered()
         status = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
         headers = ratelimit_headers(
@@ -353,8 +356,8 @@ class RedisMeter:
             self._next_spool_scan = time.monotonic() + SPOOL_RESCAN_S
             try:
                 sent = await self.spool.replay(self._send_one)
-            except REDIS_DOWN as exc:
-                logger.warning("spool replay stopped, Redis unreachable again: %s", exc)
+            except (*REDIS_DOWN, redis_errors.ResponseError) as exc:
+                logger.warning("spool replay stopped, Redis did not take it: %s", exc)
                 sent = 0
             remaining = await asyncio.to_thread(self.spool.pending_count)
             metrics.usage_spool_events.set(remaining)

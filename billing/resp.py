@@ -9,12 +9,13 @@ timeout object per call. A connection that makes no progress on its replies for
 ``timeout_s`` is dropped.
 
 Connecting follows the same URL as the rest of the product (``redis://``, ``rediss://``
-with ``ssl_cert_reqs`` and ``ssl_ca_certs``, ``unix://``; user, password and db), and its
-errors are redis-py's: ``ConnectionError`` for a refused, dropped or reset connection,
-``TimeoutError`` for a connect timeout ("Timeout connecting ...") or replies that stopped
-coming ("Timeout reading ...", also while authenticating: a Redis that accepted the
-connection is there, only slow). An error reply is returned to its caller as redis-py's
-exception for it, not raised: one command's failure is not the connection's.
+with the TLS options of ``TLS_OPTIONS``, others refused rather than ignored, ``unix://``;
+user, password and db), and its errors are redis-py's: ``ConnectionError`` for a refused,
+dropped or reset connection, ``TimeoutError`` for a connect timeout ("Timeout connecting
+...") or replies that stopped coming ("Timeout reading ...", also while authenticating: a
+Redis that accepted the connection is there, only slow). An error reply is returned to
+its caller as redis-py's exception for it, not raised: one command's failure is not the
+connection's.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from billing_support import admission_request, usage_for
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 
+from billing.meter import AdmissionRefused
 from billing.redis_meter import RedisMeter, budget_prefix
 from billing.settings import BillingSettings
 from billing.settlement import Record, SettlementQueue
@@ -111,6 +112,10 @@ async def test_what_redis_refuses_to_write_is_spooled_and_replays_exactly(
         await asyncio.sleep(0)
         waiting[0].cancel()  # a caller that stops waiting: its record is spooled all the same
         results = await asyncio.gather(*waiting, return_exceptions=True)
+        assert await meter.replay_spool() == 0  # still refused: stays spooled
+        with pytest.raises(AdmissionRefused) as refused:  # a 503, not a 500
+            await meter.admit(admission_request(org="org-oom", key="key-batch", prompt=10))
+        assert refused.value.status_code == 503
     finally:
         await admin.config_set("maxmemory", "0")
         await admin.aclose()
