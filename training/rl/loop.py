@@ -207,9 +207,11 @@ class RlLoop:
             self.top_up(self.config.queued_groups - len(groups))
         groups, extra = groups[: self.config.groups_per_step], groups[self.config.groups_per_step :]
         # Only groups that teach wait for the next step (the others came in past the cap).
-        self._carried = [g for g in extra if self._teaches(g, min_version)]
+        self._carried = []
         for group in extra:
-            if group not in self._carried:
+            if self._teaches(group, min_version):
+                self._carried.append(group)
+            else:
                 self.consumer.ack(group.entry_ids)
                 skipped += 1
         waited = time.monotonic() - started
