@@ -115,14 +115,29 @@ def build_tasks(
 
 
 def _log_build(out: Path, source: str, report: BuildReport) -> None:
-    entry = {
-        "source": source,
-        "at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "baseline_passed": report.baseline_passed,
-        "candidates": report.candidates,
-        "kept": [task.task_id for task in report.tasks],
-        "rejected": [list(pair) for pair in report.rejected],
-    }
+    _append_build_log(
+        out,
+        {
+            "source": source,
+            "baseline_passed": report.baseline_passed,
+            "candidates": report.candidates,
+            "kept": [task.task_id for task in report.tasks],
+            "rejected": [list(pair) for pair in report.rejected],
+        },
+    )
+
+
+def log_failed_build(out: Path, source: str, reason: str) -> None:
+    """Record that ``source`` gave no tasks at all, and why (``cstack tasks stats``)."""
+    _append_build_log(
+        Path(out).resolve(),
+        {"source": source, "baseline_passed": 0, "candidates": 0, "kept": [], "rejected": [],
+         "failed": reason},
+    )  # fmt: skip
+
+
+def _append_build_log(out: Path, entry: dict[str, object]) -> None:
+    entry = {**entry, "at": datetime.now(UTC).isoformat(timespec="seconds")}
     out.mkdir(parents=True, exist_ok=True)
     with (out / BUILD_LOG).open("a") as log:
         log.write(json.dumps(entry) + "\n")

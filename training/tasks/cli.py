@@ -26,32 +26,43 @@ def build(
     timeout_s: float = typer.Option(300.0, "--timeout", help="Seconds per suite run."),
 ) -> None:
     """Delete one testable feature at a time; keep tasks with FAIL_TO_PASS and PASS_TO_PASS."""
-    from training.tasks.builder import BuildConfig, TaskBuildError, build_tasks
+    from training.tasks.builder import (
+        BuildConfig,
+        TaskBuildError,
+        build_tasks,
+        log_failed_build,
+    )
     from training.tasks.pypi import FetchError, fetch_sdist
 
     if (repo is None) == (not pypi):
         raise typer.BadParameter("give either --repo DIR or one or more --pypi NAME==VERSION")
     if repo is not None and not repo.is_dir():
         raise typer.BadParameter(f"{repo} is not a directory", param_hint="--repo")
-    total = 0
+    total, failed = 0, 0
     with tempfile.TemporaryDirectory(prefix="cstack-fetch-") as scratch:
-        try:
-            for requirement in pypi or [""]:
+        for requirement in pypi or [""]:
+            if repo is not None:
+                name = repo.resolve().name
+            else:
+                name = re.sub(r"[^A-Za-z0-9_.-]+", "_", requirement)
+            try:
                 if repo is not None:
-                    name, root = repo.resolve().name, repo
+                    root = repo
                 else:
-                    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", requirement)
                     typer.echo(f"fetching {requirement} ...")
                     root = fetch_sdist(requirement, Path(scratch) / name)
                 config = BuildConfig(max_tasks, max_candidates, timeout_s, tuple(only), name)
                 report = build_tasks(root, out, config, log=lambda line: typer.echo(f"  {line}"))
-                total += len(report.tasks)
-                typer.echo(f"{name}: {len(report.tasks)} tasks, {len(report.rejected)} rejected")
-        except (FetchError, TaskBuildError) as err:
-            typer.echo(f"error: {err}", err=True)
-            raise typer.Exit(1) from None
+            except (FetchError, TaskBuildError) as err:
+                # One codebase that gives nothing does not stop the others.
+                typer.echo(f"error: {name}: {err}", err=True)
+                log_failed_build(out, name, str(err))
+                failed += 1
+                continue
+            total += len(report.tasks)
+            typer.echo(f"{name}: {len(report.tasks)} tasks, {len(report.rejected)} rejected")
     typer.echo(f"{total} tasks written to {out}")
-    if total == 0:
+    if total == 0 or failed:
         raise typer.Exit(1)
 
 
@@ -68,6 +79,9 @@ def stats(
         raise typer.BadParameter(str(err), param_hint="--tasks") from None
     typer.echo("codebase\tbaseline tests\tcandidates\tkept\trejected (why)")
     for row in rows:
+        if row.failed:
+            typer.echo(f"{row.source}\t\t\t0\tno tasks: {row.failed}")
+            continue
         why = "; ".join(f"{count} {kind}" for kind, count in row.rejected.most_common())
         rejected = sum(row.rejected.values())
         typer.echo(

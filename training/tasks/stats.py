@@ -24,6 +24,8 @@ class CodebaseStats:
     kept: int
     #: Rejections by reason, the reason's particulars (counts, names) left out.
     rejected: Counter[str] = field(default_factory=Counter)
+    #: Why the codebase gave no tasks at all (no passing suite, an installed copy, ...).
+    failed: str | None = None
 
 
 def reason_kind(reason: str) -> str:
@@ -50,6 +52,7 @@ def build_stats(tasks: Path) -> list[CodebaseStats]:
             candidates=int(entry["candidates"]),
             kept=sum((Path(tasks) / task_id / TASK_FILE).is_file() for task_id in entry["kept"]),
             rejected=Counter(reason_kind(reason) for _, reason in entry["rejected"]),
+            failed=entry.get("failed"),
         )
         for source, entry in latest.items()
     ]

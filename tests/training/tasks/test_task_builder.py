@@ -143,17 +143,30 @@ def test_repo_without_passing_tests_is_refused(tmp_path: Path) -> None:
         build_tasks(repo, tmp_path / "out", BuildConfig())
 
 
-def test_stats_report_each_codebase_from_the_build_log(built: Path) -> None:
+def test_stats_report_each_codebase_from_the_build_log(built: Path, tmp_path: Path) -> None:
+    """Per codebase from the build log, a codebase that gave nothing with its reason; one
+    such codebase does not stop a build of several."""
     from typer.testing import CliRunner
 
     from training.tasks.cli import tasks_app
+
+    broken = tmp_path / "broken"
+    shutil.copytree(FIXTURE, broken)
+    for test in (broken / "tests").glob("test_*.py"):
+        test.write_text("def test_fails():\n    assert False\n")
+    failed = CliRunner().invoke(
+        tasks_app, ["build", "--repo", str(broken), "--out", str(built.parent)]
+    )
+    assert failed.exit_code == 1
+    assert "error: broken: no test passes" in failed.output
 
     result = CliRunner().invoke(tasks_app, ["stats", "--tasks", str(built.parent)])
     assert result.exit_code == 0, result.output
     lines = [line.split("\t") for line in result.output.splitlines()]
     assert lines[0] == ["codebase", "baseline tests", "candidates", "kept", "rejected (why)"]
     assert lines[1] == ["textkit", "10", "2", "1", "1 (1 no test goes from pass to fail)"]
-    assert lines[2] == ["total", "", "2", "1", "1"]
+    assert lines[2][0] == "broken" and lines[2][4].startswith("no tasks: no test passes")
+    assert lines[3] == ["total", "", "2", "1", "1"]
 
     missing = CliRunner().invoke(tasks_app, ["stats", "--tasks", str(built)])
     assert missing.exit_code == 2
