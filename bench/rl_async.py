@@ -25,35 +25,26 @@ stale rollouts dropped, the mean staleness and the mean reward.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
-import sys
-import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from rl_feedback import reset_engine
+from rl_feedback import run_rl
 
 from serving.valkey import running_valkey
 
 
-def _arm(args: argparse.Namespace, name: str, staleness: int) -> tuple[list[dict], float]:
-    out = Path(args.out) / name
-    reset_engine(args.engine_url, args.model, args.redis_url)
-    command = [
-        sys.executable, "-m", "deploy.cli", "rl", "--steps", str(args.steps),
-        "--environment", "digits", "--seed", str(args.seed), "--out", str(out),
+def _arm(args: argparse.Namespace, name: str, staleness: int) -> list[dict]:
+    flags = [
+        "--steps", str(args.steps), "--environment", "digits", "--seed", str(args.seed),
         "--max-tokens", str(args.max_tokens), "--group-size", str(args.group_size),
         "--groups-per-step", str(args.groups_per_step), "--max-staleness", str(staleness),
-        "--workers", str(args.workers), "--model", str(args.model),
-        "--engine-url", args.engine_url, "--redis-url", args.redis_url,
+        "--workers", str(args.workers),
     ]  # fmt: skip
-    started = time.monotonic()
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-    elapsed = time.monotonic() - started
-    steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
-    return steps, elapsed
+    return run_rl(
+        Path(args.out) / name, flags, model=args.model, engine_url=args.engine_url,
+        redis_url=args.redis_url,
+    )  # fmt: skip
 
 
 def main() -> None:
@@ -76,7 +67,7 @@ def main() -> None:
     with ExitStack() as stack:
         args.redis_url = stack.enter_context(running_valkey())
         for name, staleness in (("async (default)", 2), ("synchronous", 0)):
-            steps, _ = _arm(args, name.split()[0], staleness)
+            steps = _arm(args, name.split()[0], staleness)
             # The loop's own clock, its steps end to end (process start and shutdown, the
             # same for both arms, left out).
             loop_s = sum(s["seconds"] for s in steps)

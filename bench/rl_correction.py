@@ -15,31 +15,26 @@ step: with asynchronous rollouts it includes up to ``max_staleness`` versions of
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
-import sys
 from contextlib import ExitStack
 from pathlib import Path
 
-from rl_feedback import reset_engine
+from rl_feedback import run_rl
 
 from serving.valkey import running_valkey
 
 
 def run(args: argparse.Namespace, correction: str, seed: int) -> list[dict]:
-    out = Path(args.out) / f"{correction}-{seed}"
-    reset_engine(args.engine_url, args.model, args.redis_url)
-    command = [
-        sys.executable, "-m", "deploy.cli", "rl", "--steps", str(args.steps),
-        "--environment", "digits", "--seed", str(seed), "--out", str(out),
+    flags = [
+        "--steps", str(args.steps), "--environment", "digits", "--seed", str(seed),
         "--max-tokens", str(args.max_tokens), "--group-size", str(args.group_size),
         "--groups-per-step", str(args.groups_per_step), "--correction", correction,
-        "--lr", str(args.lr), "--model", str(args.model),
-        "--engine-url", args.engine_url, "--redis-url", args.redis_url,
+        "--lr", str(args.lr),
     ]  # fmt: skip
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-    return [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    return run_rl(
+        Path(args.out) / f"{correction}-{seed}", flags, model=args.model,
+        engine_url=args.engine_url, redis_url=args.redis_url,
+    )  # fmt: skip
 
 
 def main() -> None:

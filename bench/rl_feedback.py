@@ -7,7 +7,7 @@ invalid-tool-call rate fall faster? Both arms run here with the same seed and st
 Each arm is one `cstack rl` run: Valkey, rollout worker, trainer, a weight push into vLLM
 after every step. Without ``--engine-url`` each arm starts its own vLLM; with it, both
 arms share that (dev-mode, extension-enabled) engine and the script first pushes
-``--model`` into it (``reset_engine``, which bench/rl_async.py uses too), so each arm
+``--model`` into it (``run_rl``, which bench/rl_async.py and rl_correction.py use too), so each arm
 starts from the same weights. Prints per-step curves and the first-quarter /
 last-quarter / whole-run means of both arms. ``--seeds 0,1,2`` runs
 both arms once per seed and ends with the averages over seeds; ``--kl-coef`` overrides the
@@ -52,24 +52,35 @@ def _feedback_config(out: Path, kl_coef: float) -> Path:
     return path
 
 
+def run_rl(
+    out: Path, flags: list[str], *, model: Path | None, engine_url: str = "", redis_url: str = ""
+) -> list[dict[str, float]]:
+    """One `cstack rl --out out *flags` run (from ``model``; on ``engine_url``, first reset
+    to ``model``, and ``redis_url``, when given); its step reports."""
+    command = [sys.executable, "-m", "deploy.cli", "rl", "--out", str(out), *flags]
+    if model:
+        command += ["--model", str(model)]
+    if engine_url:
+        assert model is not None, "a shared engine is reset to the start checkpoint"
+        reset_engine(engine_url, model, redis_url)
+        command += ["--engine-url", engine_url, "--redis-url", redis_url]
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    return [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+
+
 def _arm(args: argparse.Namespace, seed: int, feedback: bool) -> list[dict[str, float]]:
     out = Path(args.out) / f"seed-{seed}" / ("feedback" if feedback else "no-feedback")
-    command = [
-        sys.executable, "-m", "deploy.cli", "rl", "--steps", str(args.steps),
-        "--environment", args.environment, "--seed", str(seed), "--out", str(out),
+    flags = [
+        "--steps", str(args.steps), "--environment", args.environment, "--seed", str(seed),
         "--max-tokens", str(args.max_tokens), "--lr", str(args.lr),
         "--group-size", str(args.group_size), "--groups-per-step", str(args.groups_per_step),
         "--feedback" if feedback else "--no-feedback",
     ]  # fmt: skip
-    if args.model:
-        command += ["--model", str(args.model)]
     if args.kl_coef is not None:
-        command += ["--feedback-config", str(_feedback_config(Path(args.out), args.kl_coef))]
-    if args.engine_url:
-        reset_engine(args.engine_url, args.model, args.redis_url)
-        command += ["--engine-url", args.engine_url, "--redis-url", args.redis_url]
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-    return [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+        flags += ["--feedback-config", str(_feedback_config(Path(args.out), args.kl_coef))]
+    return run_rl(
+        out, flags, model=args.model, engine_url=args.engine_url, redis_url=args.redis_url
+    )
 
 
 def _mean(values: list[float]) -> float:
