@@ -53,6 +53,16 @@ class CurriculumConfig:
     retire_after_groups: int = 4
 
 
+def no_harder_variant(task_id: str) -> None:
+    """For environments whose tasks have no harder variant."""
+    return None
+
+
+def rewards_differ(rewards: Sequence[float]) -> bool:
+    """Whether a group's rewards give it any advantage (GRPO: not all equal)."""
+    return max(rewards) != min(rewards)
+
+
 @dataclass
 class TaskRecord:
     pass_rate: float
@@ -70,7 +80,7 @@ class Curriculum:
 
     task_ids: Sequence[str]
     config: CurriculumConfig = field(default_factory=CurriculumConfig)
-    harder: Callable[[str], str | None] = lambda task_id: None
+    harder: Callable[[str], str | None] = no_harder_variant
     seed: int | None = None
     tasks: dict[str, TaskRecord] = field(init=False)
 
@@ -117,4 +127,4 @@ class Curriculum:
     def trains_on(self, rewards: Sequence[float]) -> bool:
         """Whether a group is worth a gradient step: its rewards differ (or dynamic
         sampling is off)."""
-        return not self.config.dynamic_sampling or max(rewards) != min(rewards)
+        return not self.config.dynamic_sampling or rewards_differ(rewards)

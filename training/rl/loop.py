@@ -29,7 +29,12 @@ from training.rl import metrics
 from training.rl.batch import build_batch
 from training.rl.config import GRPOConfig, WeightTransport
 from training.rl.consumer import TrajectoryConsumer, TrajectoryGroup
-from training.rl.curriculum import Curriculum, CurriculumConfig
+from training.rl.curriculum import (
+    Curriculum,
+    CurriculumConfig,
+    no_harder_variant,
+    rewards_differ,
+)
 from training.rl.trainer_hook import trainer_batch
 from training.rollouts.gate import PolicyVersionGate
 from training.rollouts.metrics import STALENESS
@@ -148,7 +153,7 @@ class RlLoop:
         self._submitted_groups = 0
         self._submitted_rollouts = 0
         self.curriculum = Curriculum(
-            config.task_ids, config.curriculum, harder or _no_variant, config.sampling_seed
+            config.task_ids, config.curriculum, harder or no_harder_variant, config.sampling_seed
         )
         self._carried: list[TrajectoryGroup] = []
         self._started = time.monotonic()
@@ -262,7 +267,9 @@ class RlLoop:
                 sorted({turn.policy_version for t in trajectories for turn in t.turns})
             ),
             skipped_groups=skipped,
-            zero_advantage_groups=sum(not _rewards_differ(g) for g in groups),
+            zero_advantage_groups=sum(
+                not rewards_differ([t.reward for t in g.trajectories]) for g in groups
+            ),
             carried_groups=len(self._carried),
             active_tasks=len(self.curriculum.active()),
             retired_tasks=len(self.curriculum.tasks) - len(self.curriculum.active()),
@@ -317,15 +324,6 @@ class RlLoop:
         for old in exports[: -self.config.keep_exports]:
             if old != current:
                 shutil.rmtree(old, ignore_errors=True)
-
-
-def _no_variant(task_id: str) -> None:
-    return None
-
-
-def _rewards_differ(group: TrajectoryGroup) -> bool:
-    rewards = [t.reward for t in group.trajectories]
-    return max(rewards) != min(rewards)
 
 
 def _publish(report: StepReport) -> None:
