@@ -48,19 +48,59 @@ class ScriptBatcher:
         self.connection = connection
         connection.on_connect.extend(command(b"SCRIPT", b"LOAD", s.source) for s in scripts)
 
-    async def call(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
-        reply = await self.connection.request(
-            command(b"EVALSHA", script.sha, len(keys), *keys, *args)
+    async def call(
+        self,
+        script: Script,
+        keys: Sequence[str],
+        args: Sequence[Arg],
+        *,
+        asking: bool = False,
+        replicas: int = 0,
+        replica_timeout_ms: int = 0,
+    ) -> Any:
+        """``asking``: sent right after an ASKING, for a cluster slot being migrated.
+        ``replicas``: followed by a WAIT for that many replicas to have the script's
+        writes; fewer within ``replica_timeout_ms`` raise a TimeoutError (the writes may
+        be lost if the primary fails now; sending the call again must be safe)."""
+        reply = await self._send(
+            command(b"EVALSHA", script.sha, len(keys), *keys, *args),
+            asking,
+            replicas,
+            replica_timeout_ms,
         )
         if isinstance(reply, redis_errors.NoScriptError):
             # A script not loaded on connect, or one Redis flushed since. NOSCRIPT ran
             # nothing; EVAL runs the script and caches it again for the calls that follow
             # (calls made meanwhile may run before this one).
-            reply = await self.connection.request(
-                command(b"EVAL", script.source, len(keys), *keys, *args)
+            reply = await self._send(
+                command(b"EVAL", script.source, len(keys), *keys, *args),
+                asking,
+                replicas,
+                replica_timeout_ms,
             )
         if isinstance(reply, redis_errors.RedisError):
             raise reply
+        return reply
+
+    async def _send(self, data: bytes, asking: bool, replicas: int, timeout_ms: int) -> Any:
+        if not asking and not replicas:
+            return await self.connection.request(data)
+        commands = [command(b"ASKING")] if asking else []
+        commands.append(data)
+        if replicas:
+            commands.append(command(b"WAIT", replicas, timeout_ms))
+        replies = await self.connection.request_all(commands)
+        if asking and isinstance(replies[0], redis_errors.RedisError):
+            return replies[0]
+        reply = replies[1 if asking else 0]
+        if replicas and not isinstance(reply, redis_errors.RedisError):
+            acknowledged = replies[-1]
+            if isinstance(acknowledged, redis_errors.RedisError):
+                raise acknowledged
+            if int(acknowledged) < replicas:
+                raise redis_errors.TimeoutError(
+                    f"Timeout waiting for {replicas} replica(s) to acknowledge the write"
+                )
         return reply
 
     async def aclose(self) -> None:

@@ -127,8 +127,8 @@ billing_app.add_typer(dead_letters_app, name="dead-letters")
 
 def _redis_and_settings() -> tuple[Redis, BillingSettings]:
     from pydantic import ValidationError
-    from redis import Redis
 
+    from billing.redis_client import RedisUrlError, sync_client
     from billing.settings import BillingSettings
 
     try:
@@ -136,7 +136,9 @@ def _redis_and_settings() -> tuple[Redis, BillingSettings]:
     except ValidationError as exc:
         _fail(f"bad billing settings: {exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}")
     try:
-        return Redis.from_url(settings.redis_url), settings
+        return sync_client(settings.redis_url), settings
+    except RedisUrlError as exc:
+        _fail(f"CSTACK_REDIS_URL: {exc}")
     except ValueError:
         _fail("CSTACK_REDIS_URL is not a Redis URL (redis://host:port/db)")
 

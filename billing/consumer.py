@@ -1,4 +1,7 @@
-"""Moves usage events from the Redis stream into the ledger, exactly once per event id.
+"""Moves usage events from the Redis streams into the ledger, exactly once per event id.
+
+There is a usage stream per shard of billing's keys (``billing.keyspace``); a drain
+empties each in turn.
 
 Entries are read through a consumer group and acknowledged only after the ledger commit,
 so a worker killed mid-batch leaves its entries pending; another run reclaims them with
@@ -24,6 +27,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from billing import metrics
 from billing.events import UsageEvent
+from billing.keyspace import Keyspace
 from billing.ledger import insert_usage_events
 from billing.settings import BillingSettings
 
@@ -48,41 +52,47 @@ class UsageStreamConsumer:
         self.redis = redis
         self.engine = engine
         self.settings = settings
-        self.stream = settings.usage_stream
+        self.streams = Keyspace(settings.billing_shards, settings.usage_stream).usage_streams()
         self.group = settings.usage_consumer_group
         self.name = consumer_name()
 
     def ensure_group(self) -> None:
-        try:
-            self.redis.xgroup_create(self.stream, self.group, id="0", mkstream=True)
-        except redis_errors.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        for stream in self.streams:
+            try:
+                self.redis.xgroup_create(stream, self.group, id="0", mkstream=True)
+            except redis_errors.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
 
     def drain(self, max_seconds: float) -> DrainResult:
-        """Write stream entries to the ledger until the stream is empty or time is up."""
+        """Write stream entries to the ledger until the streams are empty or time is up."""
         self.ensure_group()
         with self.engine.connect() as connection:
             connection.execute(text("SELECT 1"))  # no reclaiming while the ledger is down
         result = DrainResult()
         deadline = time.monotonic() + max_seconds
-        self._process(self._reclaim(), result, reclaimed=True)
-        while time.monotonic() < deadline:
-            reply = self.redis.xreadgroup(
-                self.group, self.name, {self.stream: ">"}, count=self.settings.ledger_batch_size
-            )
-            entries: list[Entry] = reply[0][1] if reply else []
-            if not entries:
-                break
-            self._process(entries, result, reclaimed=False)
-        metrics.usage_stream_lag.set(self.redis.xlen(self.stream))
+        for stream in self.streams:
+            self._process(stream, self._reclaim(stream), result, reclaimed=True)
+        # A batch from each stream in turn, so that a busy shard does not starve the rest.
+        busy = list(self.streams)
+        while busy and time.monotonic() < deadline:
+            for stream in list(busy):
+                reply = self.redis.xreadgroup(
+                    self.group, self.name, {stream: ">"}, count=self.settings.ledger_batch_size
+                )
+                entries: list[Entry] = reply[0][1] if reply else []
+                if entries:
+                    self._process(stream, entries, result, reclaimed=False)
+                else:
+                    busy.remove(stream)
+        metrics.usage_stream_lag.set(sum(self.redis.xlen(stream) for stream in self.streams))
         metrics.usage_dead_letters.set(self.redis.xlen(self.settings.usage_dead_letter_stream))
         return result
 
-    def _reclaim(self) -> list[Entry]:
+    def _reclaim(self, stream: str) -> list[Entry]:
         """Entries another consumer read but never acknowledged (it died mid-batch)."""
         reply = self.redis.xautoclaim(
-            self.stream,
+            stream,
             self.group,
             self.name,
             min_idle_time=self.settings.ledger_claim_idle_ms,
@@ -91,19 +101,22 @@ class UsageStreamConsumer:
         )
         return [entry for entry in reply[1] if entry and entry[1]]
 
-    def _deliveries(self, entry_id: bytes) -> int:
-        pending = self.redis.xpending_range(
-            self.stream, self.group, min=entry_id, max=entry_id, count=1
-        )
+    def _deliveries(self, stream: str, entry_id: bytes) -> int:
+        pending = self.redis.xpending_range(stream, self.group, min=entry_id, max=entry_id, count=1)
         return int(pending[0]["times_delivered"]) if pending else 0
 
-    def _process(self, entries: list[Entry], result: DrainResult, *, reclaimed: bool) -> None:
+    def _process(
+        self, stream: str, entries: list[Entry], result: DrainResult, *, reclaimed: bool
+    ) -> None:
         result.read += len(entries)
         events: list[tuple[Entry, UsageEvent]] = []
         dead: list[tuple[Entry, str]] = []
         for entry in entries:
             entry_id, fields = entry
-            if reclaimed and self._deliveries(entry_id) > self.settings.ledger_max_deliveries:
+            if (
+                reclaimed
+                and self._deliveries(stream, entry_id) > self.settings.ledger_max_deliveries
+            ):
                 dead.append((entry, "delivered too many times"))
                 continue
             try:
@@ -125,7 +138,7 @@ class UsageStreamConsumer:
                     dead.append((candidate, str(exc)))
         self._dead_letter(dead)
         result.dead_lettered += len(dead)
-        self._acknowledge([entry_id for entry_id, _ in entries])
+        self._acknowledge(stream, [entry_id for entry_id, _ in entries])
 
     def _write(self, events: list[UsageEvent]) -> int:
         with self.engine.begin() as connection:
@@ -141,11 +154,11 @@ class UsageStreamConsumer:
             payload[b"reason"] = reason[:2000].encode()
             self.redis.xadd(self.settings.usage_dead_letter_stream, payload)
 
-    def _acknowledge(self, entry_ids: list[bytes]) -> None:
+    def _acknowledge(self, stream: str, entry_ids: list[bytes]) -> None:
         """XACK after the commit; XDEL too, so the stream's length is the ledger's lag."""
         if not entry_ids:
             return
         pipe = self.redis.pipeline(transaction=True)
-        pipe.xack(self.stream, self.group, *entry_ids)
-        pipe.xdel(self.stream, *entry_ids)
+        pipe.xack(stream, self.group, *entry_ids)
+        pipe.xdel(stream, *entry_ids)
         pipe.execute()

@@ -2,11 +2,12 @@
 
 An entry is dead-lettered when the consumer could not write it (unparseable, rejected by
 the database, or delivered too many times, e.g. while the ledger kept crashing). Once
-the cause is fixed an operator replays it: one Lua script checks that the entry is still
-there, appends its original fields to the usage stream, and only then deletes it, so an
-interrupted or repeated replay never loses an entry (a failing XADD stops the script
-before the XDEL) and never moves one twice. Replaying an event already in the ledger is
-harmless: the ledger's unique event id turns it into a no-op.
+the cause is fixed an operator replays it: the entry's original fields are appended to
+the usage stream of its org's shard, and only then is it deleted, so an interrupted replay
+never loses an entry (a failing XADD comes before the XDEL). Not one script: on a Redis
+Cluster the two streams are in different slots. An interruption between the two, or two
+operators replaying at once, can append an entry twice, which is harmless: the ledger's
+unique event id turns the second into a no-op.
 """
 
 from __future__ import annotations
@@ -18,28 +19,14 @@ from pydantic import ValidationError
 from redis import Redis
 
 from billing.events import UsageEvent
+from billing.keyspace import Keyspace
 from billing.settings import BillingSettings
 
 #: A whole stream entry id; a bare millisecond part would match several entries.
 ENTRY_ID = re.compile(r"^\d+-\d+$")
 
-#: KEYS: dead-letter stream, usage stream. ARGV: the entry id. Returns 1 if moved, 0 if
-#: the entry is gone (already replayed). ``source_id`` and ``reason`` are what the consumer
-#: added when dead-lettering; the other fields are the original entry.
-MOVE_BACK = """
-local found = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1])
-if #found == 0 then return 0 end
-local fields, original = found[1][2], {}
-for i = 1, #fields, 2 do
-  if fields[i] ~= 'source_id' and fields[i] ~= 'reason' then
-    table.insert(original, fields[i])
-    table.insert(original, fields[i + 1])
-  end
-end
-redis.call('XADD', KEYS[2], '*', unpack(original))
-redis.call('XDEL', KEYS[1], ARGV[1])
-return 1
-"""
+#: Fields the consumer added when dead-lettering; the others are the original entry's.
+ADDED_FIELDS = (b"source_id", b"reason")
 
 
 class ReplayInterrupted(Exception):
@@ -102,12 +89,27 @@ def replay_dead_letters(
                 raise ValueError(f"{entry_id!r} is not a dead-letter id (like 1796027344594-0)")
             if not redis.xrange(dead_stream, min=entry_id, max=entry_id):
                 raise KeyError(entry_id)
-    move_back = redis.register_script(MOVE_BACK)
+    keys = Keyspace(settings.billing_shards, settings.usage_stream)
     replayed: list[str] = []
     for entry_id in chosen:
         try:
-            if move_back(keys=[dead_stream, settings.usage_stream], args=[entry_id]):
-                replayed.append(entry_id)
+            found = redis.xrange(dead_stream, min=entry_id, max=entry_id)
+            if not found:
+                continue  # replayed meanwhile
+            fields = {k: v for k, v in found[0][1].items() if k not in ADDED_FIELDS}
+            redis.xadd(_stream_for(fields, keys), fields)  # type: ignore[arg-type]
+            redis.xdel(dead_stream, entry_id)
+            replayed.append(entry_id)
         except Exception as exc:
             raise ReplayInterrupted(replayed, exc) from exc
     return replayed
+
+
+def _stream_for(fields: dict[bytes, bytes], keys: Keyspace) -> str:
+    """The usage stream of the event's org's shard; an entry that is no usage event goes
+    to shard 0's (where the consumer dead-letters it again, with the reason)."""
+    try:
+        org_id = UsageEvent.model_validate_json(fields[b"event"]).org_id
+    except (KeyError, ValidationError, ValueError):
+        return keys.shard_stream(0)
+    return keys.usage_stream_of(org_id)

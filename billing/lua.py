@@ -97,9 +97,11 @@ return {'ok', req[3], math.ceil(req[1] - now), tok[3], math.ceil(tok[1] - now), 
 """
 
 # Settles a batch of requests (billing/settlement.py), each exactly once.
-# Keys: 1 usage stream, then the settled marker of each request.
-# Argv: 1 marker ttl s, then five per request: budget key prefix, period, request id,
-#       allowance consumed nano, event json.
+# Keys: the settled marker of each request.
+# Argv: 1 marker ttl s, then six per request: its shard's usage stream, budget key prefix,
+#       period, request id, allowance consumed nano, event json. (A stream and budget keys
+#       come as arguments as each is the marker's shard's; on a Redis Cluster a batch holds
+#       one shard's requests, so every key it touches is in one slot.)
 # Returns, per request, 1 if this call settled it, 0 if it was settled before, or the
 # error reply that stopped it ("OOM ...", "WRONGTYPE ..."): one request's failure is not
 # the batch's. Redis refusing writes (OOM, READONLY) fails a request's first write, its
@@ -109,27 +111,27 @@ local function settle(marker, a)
   if not redis.call('SET', marker, '1', 'NX', 'EX', ARGV[1]) then
     return 0
   end
-  local bkey = ARGV[a + 1] .. ARGV[a + 2]
+  local bkey = ARGV[a + 2] .. ARGV[a + 3]
   local akey = bkey .. ':resv-amount'
-  local amount = redis.call('HGET', akey, ARGV[a + 3])
+  local amount = redis.call('HGET', akey, ARGV[a + 4])
   if amount then
     redis.call('HINCRBY', bkey, 'reserved', '-' .. amount)
-    redis.call('HDEL', akey, ARGV[a + 3])
-    redis.call('ZREM', bkey .. ':resv', ARGV[a + 3])
+    redis.call('HDEL', akey, ARGV[a + 4])
+    redis.call('ZREM', bkey .. ':resv', ARGV[a + 4])
   end
-  redis.call('HINCRBY', bkey, 'used', ARGV[a + 4])
+  redis.call('HINCRBY', bkey, 'used', ARGV[a + 5])
   redis.call('EXPIRE', bkey, 70 * 86400)
-  redis.call('XADD', KEYS[1], '*', 'event', ARGV[a + 5])
+  redis.call('XADD', ARGV[a + 1], '*', 'event', ARGV[a + 6])
   return 1
 end
 local outcomes = {}
-for i = 2, #KEYS do
-  local ok, result = pcall(settle, KEYS[i], (i - 2) * 5 + 1)
+for i = 1, #KEYS do
+  local ok, result = pcall(settle, KEYS[i], (i - 1) * 6 + 1)
   if ok then
-    outcomes[i - 1] = result
+    outcomes[i] = result
   else
     if type(result) == 'table' then result = result.err end
-    outcomes[i - 1] = tostring(result)
+    outcomes[i] = tostring(result)
   end
 end
 return outcomes

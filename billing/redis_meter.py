@@ -13,6 +13,7 @@ configured (``billing.outage``).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from datetime import UTC, datetime
@@ -20,16 +21,18 @@ from typing import Any, cast
 
 from redis import exceptions as redis_errors
 from redis._parsers.base import BaseParser
-from redis.asyncio import BlockingConnectionPool, Redis
 
 from billing import metrics
 from billing.batching import Script, ScriptBatcher
+from billing.cluster import ClusterScripts
 from billing.events import usage_event
 from billing.headers import ratelimit_headers
+from billing.keyspace import Keyspace
 from billing.lua import ADMIT, RENEW, SETTLE
 from billing.meter import Admission, AdmissionRefused, AdmissionRequest, UsageReport
 from billing.outage import LocalAllowance
 from billing.pricing import PriceBook, PriceBookError, pricebook_from_path, worst_case_charge
+from billing.redis_client import AsyncClient, async_client, parse_redis_url
 from billing.reservations import ReservationKeeper
 from billing.resp import RespConnection
 from billing.settings import BillingSettings
@@ -45,6 +48,7 @@ SETTLED_MARKER_TTL_S = 14 * 86400
 SPOOL_RESCAN_S = 10.0
 ADMIT_SCRIPT = Script(ADMIT)
 SETTLE_SCRIPT = Script(SETTLE)
+RENEW_SCRIPT = Script(RENEW)
 
 
 def _unreachable(exc: BaseException) -> bool:
@@ -62,16 +66,19 @@ def _unreachable(exc: BaseException) -> bool:
 
 def _record_outcome(reply: Any) -> BaseException | None:
     """One record's reply of the settle script: None when settled (now or before), else
-    the error reply as redis-py's exception for it."""
+    the error reply as redis-py's exception for it (or the error of its shard's call)."""
     if isinstance(reply, int):
         return None
+    if isinstance(reply, BaseException):
+        return reply
     text = reply.decode(errors="replace") if isinstance(reply, bytes) else str(reply)
     return BaseParser.parse_error(text)
 
 
-#: Error replies that mean Redis is not taking writes now, rather than a bad record.
+#: Outcomes that mean Redis is not taking writes now (or its shard did not answer),
+#: rather than a bad record.
 REFUSING_WRITES = (
-    redis_errors.ConnectionError,
+    *REDIS_DOWN,
     redis_errors.OutOfMemoryError,  # type: ignore[attr-defined]  # newer than the stubs
     redis_errors.ReadOnlyError,
     redis_errors.TryAgainError,
@@ -93,22 +100,16 @@ def billing_unavailable() -> AdmissionRefused:
     )
 
 
-def budget_prefix(org_id: str) -> str:
-    """Redis key prefix of an org's per-period budget (hash-tagged by org)."""
-    return f"cstack:budget:{{{org_id}}}:"
-
-
 def period_of(at: datetime) -> str:
     """The billing period (UTC calendar month) an instant falls in."""
     return at.astimezone(UTC).strftime("%Y-%m")
 
 
-def suspended_org_key(org_id: str) -> str:
-    return f"cstack:suspended:org:{org_id}"
-
-
-def suspended_customer_key(customer_id: str) -> str:
-    return f"cstack:suspended:customer:{customer_id}"
+def _record_org(record: Record) -> str:
+    """The org of a settlement record; a record spooled by a release before sharding has
+    only its event to say."""
+    org_id = record.get("org_id")
+    return str(org_id) if org_id else str(json.loads(record["event"])["org_id"])
 
 
 class RedisMeter:
@@ -120,31 +121,32 @@ class RedisMeter:
     ) -> None:
         self.settings = settings
         self.book = book or pricebook_from_path(settings.pricebook_path)
-        self.redis = Redis(
-            connection_pool=BlockingConnectionPool.from_url(
-                settings.redis_url,
-                max_connections=settings.redis_max_connections,
-                # Waiting for a pooled connection is queueing, not an outage.
-                timeout=10 * settings.redis_timeout_s,
-                socket_timeout=settings.redis_timeout_s,
-                socket_connect_timeout=settings.redis_timeout_s,
+        self.keys = Keyspace(settings.billing_shards, settings.usage_stream)
+        #: A general client on the same Redis, for what is not on the request path.
+        self.redis: AsyncClient = async_client(
+            settings.redis_url, timeout_s=settings.redis_timeout_s
+        )
+        target = parse_redis_url(settings.redis_url)
+        scripts = [ADMIT_SCRIPT, SETTLE_SCRIPT, RENEW_SCRIPT]
+        self._cluster: ClusterScripts | None = None
+        self._scripts: ScriptBatcher | ClusterScripts
+        if target.cluster:
+            self._scripts = self._cluster = ClusterScripts(
+                target, scripts, timeout_s=settings.redis_timeout_s
             )
-        )
-        self._scripts = ScriptBatcher(
-            RespConnection(settings.redis_url, timeout_s=settings.redis_timeout_s),
-            [ADMIT_SCRIPT, SETTLE_SCRIPT],
-        )
+        else:
+            self._scripts = ScriptBatcher(
+                RespConnection(settings.redis_url, timeout_s=settings.redis_timeout_s), scripts
+            )
         self._settlements = SettlementQueue(
             self._settle_batch, window_s=settings.settle_batch_window_ms / 1000
         )
         self._redis_answered = False
-        renew_script = self.redis.register_script(RENEW)
-        self.reservations = ReservationKeeper(
-            lambda keys, args: renew_script(keys=keys, args=args), settings.reservation_ttl_s
-        )
-        self.local_allowance = LocalAllowance(
-            settings.redis_down_allowance_nano_usd, settings.redis_down_allowance_requests
-        )
+        self.reservations = ReservationKeeper(self._renew, settings.reservation_ttl_s)
+        #: The outage allowance: one for a single Redis; on a cluster one per shard, as
+        #: a failover takes some shards away while the others answer (and their answers
+        #: must not end this one's outage).
+        self._allowances: dict[str, LocalAllowance] = {}
         self.spool = UsageSpool(settings.usage_spool_dir)
         self._replay_lock = asyncio.Lock()
         self._next_spool_scan = 0.0
@@ -182,14 +184,15 @@ class RedisMeter:
             max_output_tokens=request.max_output_tokens,
             at=datetime.now(UTC),
         )
-        customer_key = suspended_customer_key(request.customer_id) if request.customer_id else "-"
+        # No customer: a flag no customer id names, on the org's shard like the others.
+        customer_key = self.keys.suspended_customer(request.org_id, request.customer_id or "")
         tokens = request.prompt_tokens + request.max_output_tokens
         try:
             reply = await self._scripts.call(
                 ADMIT_SCRIPT,
                 [
-                    f"cstack:ratelimit:{{{request.key_id}}}",
-                    suspended_org_key(request.org_id),
+                    self.keys.ratelimit(request.org_id, request.key_id),
+                    self.keys.suspended_org(request.org_id),
                     customer_key,
                 ],
                 [
@@ -200,7 +203,7 @@ class RedisMeter:
                     plan.period_cap_nano,
                     request.request_id,
                     self.settings.reservation_ttl_s,
-                    budget_prefix(request.org_id),
+                    self.keys.budget_prefix(request.org_id),
                 ],
             )
         except REDIS_DOWN as exc:
@@ -208,7 +211,7 @@ class RedisMeter:
         except redis_errors.ResponseError as exc:  # Redis refusing writes (OOM, READONLY)
             logger.warning("refused %s: Redis refused admission (%s)", request.request_id, exc)
             raise billing_unavailable() from exc
-        self.local_allowance.redis_answered()
+        self._allowance(request.org_id).redis_answered()
         status = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
         headers = ratelimit_headers(
             rpm=plan.rpm,
@@ -254,7 +257,7 @@ class RedisMeter:
         reservation_id = f"{period}/{request.request_id}"
         self.reservations.hold(
             reservation_id,
-            f"{budget_prefix(request.org_id)}{period}:resv",
+            f"{self.keys.budget_prefix(request.org_id)}{period}:resv",
             request.request_id,
             request.max_duration_s,
         )
@@ -265,12 +268,22 @@ class RedisMeter:
             reservation_id=reservation_id,
         )
 
+    def _allowance(self, org_id: str) -> LocalAllowance:
+        shard = self.keys.tag(org_id) if self._cluster is not None else ""
+        allowance = self._allowances.get(shard)
+        if allowance is None:
+            allowance = self._allowances[shard] = LocalAllowance(
+                self.settings.redis_down_allowance_nano_usd,
+                self.settings.redis_down_allowance_requests,
+            )
+        return allowance
+
     def _admit_without_redis(
         self, request: AdmissionRequest, worst_nano: int, exc: BaseException
     ) -> Admission:
         """Redis did not answer: refuse, or admit on this process's outage allowance."""
         if self.settings.admission_when_redis_down == "local_allowance" and _unreachable(exc):
-            if self.local_allowance.take(request.request_id, worst_nano):
+            if self._allowance(request.org_id).take(request.request_id, worst_nano):
                 return Admission(request=request, reserved_nano_usd=worst_nano)
         else:
             logger.warning("refused %s: Redis did not answer (%s)", request.request_id, exc)
@@ -285,11 +298,11 @@ class RedisMeter:
             self.reservations.release(admission.reservation_id)
             period = admission.reservation_id.split("/", 1)[0]
         else:
-            self.local_allowance.settle(event.event_id, event.allowance_consumed_nano_usd)
+            self._allowance(event.org_id).settle(event.event_id, event.allowance_consumed_nano_usd)
             period = period_of(event.started_at)
         # The record is what the spool keeps if Redis is down: the event serialised once.
         record = {
-            "budget_prefix": budget_prefix(event.org_id),
+            "org_id": event.org_id,
             "period": period,
             "event_id": event.event_id,
             "allowance_nano_usd": event.allowance_consumed_nano_usd,
@@ -310,9 +323,11 @@ class RedisMeter:
         except (*REDIS_DOWN, redis_errors.ResponseError) as exc:
             await self._spool(records, exc)
             return [None] * len(records)
-        self._redis_answered = True
-        self.local_allowance.redis_answered()
         outcomes = [_record_outcome(reply) for reply in replies]
+        for record, outcome in zip(records, outcomes, strict=True):
+            if not isinstance(outcome, REDIS_DOWN):
+                self._redis_answered = True
+                self._allowance(_record_org(record)).redis_answered()
         refused = [i for i, outcome in enumerate(outcomes) if _redis_refused(outcome)]
         if refused:
             await self._spool([records[i] for i in refused], outcomes[refused[0]])
@@ -328,19 +343,60 @@ class RedisMeter:
         metrics.usage_spool_events.inc(len(records))
 
     async def _send(self, records: list[Record]) -> list[Any]:
-        """Settle ``records`` in one script call (each at most once, by its marker)."""
-        keys = [self.settings.usage_stream]
-        args: list[str | int] = [SETTLED_MARKER_TTL_S]
+        """Settle ``records`` (each at most once, by its marker): one script call, or on a
+        cluster one per shard. A shard that could not be reached fails only its records:
+        their outcome is the error."""
+        keys: list[str] = []
+        args: list[str | int] = []
         for record in records:
-            keys.append(f"cstack:settled:{record['event_id']}")
+            org_id = _record_org(record)
+            keys.append(self.keys.settled_marker(org_id, record["event_id"]))
             args += [
-                record["budget_prefix"],
+                self.keys.usage_stream_of(org_id),
+                self.keys.budget_prefix(org_id),
                 record["period"],
                 record["event_id"],
                 int(record["allowance_nano_usd"]),
                 record["event"],
             ]
-        return list(await self._scripts.call(SETTLE_SCRIPT, keys, args))
+        if self._cluster is None:
+            return list(
+                await self._scripts.call(SETTLE_SCRIPT, keys, [SETTLED_MARKER_TTL_S, *args])
+            )
+        groups = list(self._cluster.group(keys).values())
+        sent = await asyncio.gather(
+            *(
+                self._cluster.call(
+                    SETTLE_SCRIPT,
+                    [keys[i] for i in group],
+                    [SETTLED_MARKER_TTL_S, *(a for i in group for a in args[6 * i : 6 * i + 6])],
+                    durable=True,  # on a replica too, or spooled: a failover loses no money
+                )
+                for group in groups
+            ),
+            return_exceptions=True,
+        )
+        replies: list[Any] = [None] * len(records)
+        for group, reply in zip(groups, sent, strict=True):
+            if isinstance(reply, BaseException) and not isinstance(reply, Exception):
+                raise reply
+            for position, i in enumerate(group):
+                replies[i] = reply if isinstance(reply, Exception) else reply[position]
+        return replies
+
+    async def _renew(self, keys: list[str], args: list[str]) -> int:
+        """Push the reservations' expiries (``args``: the TTL, then a member per key)."""
+        if self._cluster is None:
+            return int(await self._scripts.call(RENEW_SCRIPT, keys, args))
+        renewed = 0
+        for group in self._cluster.group(keys).values():
+            members = [args[1 + i] for i in group]
+            renewed += int(
+                await self._scripts.call(
+                    RENEW_SCRIPT, [keys[i] for i in group], [args[0], *members]
+                )
+            )
+        return renewed
 
     async def _send_one(self, record: Record) -> None:
         """A spooled record, sent again (an error leaves it spooled)."""

@@ -149,10 +149,19 @@ class RespConnection:
         self.on_connect: list[bytes] = []
 
     async def request(self, data: bytes) -> Any:
+        return await (await self._ready()).request(data)
+
+    async def request_all(self, commands: list[bytes]) -> list[Any]:
+        """The replies of ``commands``, written together in this order with nothing
+        between them (ASKING must come right before the command it is for)."""
+        protocol = await self._ready()
+        return list(await asyncio.gather(*[protocol.request(data) for data in commands]))
+
+    async def _ready(self) -> _Protocol:
         protocol = self._protocol
         if protocol is None or protocol.error is not None or not protocol.on_running_loop():
             protocol = await self._connect()
-        return await protocol.request(data)
+        return protocol
 
     async def _connect(self) -> _Protocol:
         if self._closed:

@@ -19,8 +19,17 @@ DEFAULT_PRICEBOOK_PATH = Path(__file__).with_name("pricebook.yaml")
 class BillingSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CSTACK_", extra="ignore")
 
-    #: Redis for admission state, the usage stream and the Celery broker.
+    #: Redis for admission state and the usage streams: one Redis (``redis://``,
+    #: ``rediss://``, ``unix://``) or a Redis Cluster (``redis-cluster://`` or
+    #: ``rediss-cluster://`` and one or more of its nodes, comma-separated).
     redis_url: str = "redis://127.0.0.1:6379/0"
+    #: The billing worker's Celery broker; empty: ``redis_url``. Celery cannot use a Redis
+    #: Cluster, so a cluster deployment names a single Redis here.
+    celery_broker_url: str = ""
+    #: Shards of billing's keys (each with its usage stream): an org's keys are on one,
+    #: all in one Redis Cluster hash slot. Fixed for a deployment's life: changing it
+    #: moves orgs away from their budgets.
+    billing_shards: int = Field(default=16, ge=1, le=1024)
     #: The versioned price book (prices, plans, promotions).
     pricebook_path: Path = DEFAULT_PRICEBOOK_PATH
     #: The ledger; a SQLite file by default, PostgreSQL in production.

@@ -18,13 +18,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 import stripe
-from redis import Redis as SyncRedis
-from redis.asyncio import Redis
 from sqlalchemy import Connection, Engine, select
 
+from billing.keyspace import Keyspace
 from billing.ledger import OrgSuspension, StripeWebhookEvent, UsageRow, make_engine, migrate
 from billing.ledger.writes import dialect_insert, insert_ignoring_duplicates
-from billing.redis_meter import suspended_customer_key, suspended_org_key
+from billing.redis_client import SyncClient, async_client
 from billing.settings import BillingSettings
 
 SUSPENDING = "invoice.payment_failed"
@@ -75,7 +74,8 @@ def _org_for(connection: Connection, invoice: dict[str, Any]) -> str | None:
 class WebhookService:
     def __init__(self, settings: BillingSettings) -> None:
         self.settings = settings
-        self.redis = Redis.from_url(settings.redis_url)
+        self.redis = async_client(settings.redis_url)
+        self.keys = Keyspace(settings.billing_shards, settings.usage_stream)
         self.engine: Engine = make_engine(settings.ledger_url)
         self._migrated = False
 
@@ -154,21 +154,22 @@ class WebhookService:
                 new = await asyncio.to_thread(self._record, event, org_id, None, created)
                 return WebhookOutcome(event_id, event_type, duplicate=not new, org_id=org_id)
             suspended = event_type == SUSPENDING
-            keys = [suspended_org_key(org_id)] if org_id else []
+            keys = [self.keys.suspended_org(org_id)] if org_id else []
             if invoice.get("customer"):
-                keys.append(suspended_customer_key(str(invoice["customer"])))
-            pipe = self.redis.pipeline(transaction=True)
-            for key in keys:
+                keys += self.keys.suspended_customer_everywhere(str(invoice["customer"]))
+            # Not one transaction: on a cluster the flags are on several shards. Each
+            # write is idempotent, and a failure part way fails the endpoint, so Stripe
+            # delivers the event again.
+            for key in keys:  # one by one: a webhook is rare, and a few flags
                 if suspended:
-                    pipe.set(key, event_id)
+                    await self.redis.set(key, event_id)
                 else:
-                    pipe.delete(key)
-            await pipe.execute()
+                    await self.redis.delete(key)
         new = await asyncio.to_thread(self._record, event, org_id, suspended, created)
         return WebhookOutcome(event_id, event_type, duplicate=not new, org_id=org_id)
 
 
-def restore_suspensions(engine: Engine, redis: SyncRedis) -> int:
+def restore_suspensions(engine: Engine, redis: SyncClient, keys: Keyspace) -> int:
     """Re-assert every suspended org in Redis from the ledger's durable record.
 
     Admission reads suspension from Redis only; after a Redis restart without persistence
@@ -182,8 +183,9 @@ def restore_suspensions(engine: Engine, redis: SyncRedis) -> int:
         ).all()
     pipe = redis.pipeline(transaction=False)
     for org_id, customer_id in rows:
-        pipe.set(suspended_org_key(org_id), "restored")
+        pipe.set(keys.suspended_org(org_id), "restored")
         if customer_id:
-            pipe.set(suspended_customer_key(customer_id), "restored")
+            for key in keys.suspended_customer_everywhere(customer_id):
+                pipe.set(key, "restored")
     pipe.execute()
     return len(rows)

@@ -13,12 +13,13 @@ from functools import cache
 from typing import Any
 
 from celery import Celery
-from redis import Redis
 from sqlalchemy import Engine
 
 from billing.consumer import UsageStreamConsumer
+from billing.keyspace import Keyspace
 from billing.ledger import make_engine, migrate
 from billing.pricing import pricebook_from_path
+from billing.redis_client import SyncClient, parse_redis_url, sync_client
 from billing.settings import BillingSettings
 from billing.stripe_sync import sync_stripe
 from billing.webhooks import restore_suspensions
@@ -29,8 +30,20 @@ QUEUE = "billing"
 STRIPE_LOCK = "cstack:billing:stripe-sync-lock"
 
 
+def broker_url(settings: BillingSettings) -> str:
+    """Celery's broker: ``celery_broker_url``, else the one Redis of ``redis_url``."""
+    if settings.celery_broker_url:
+        return settings.celery_broker_url
+    if parse_redis_url(settings.redis_url).cluster:
+        raise ValueError(
+            "CSTACK_REDIS_URL names a Redis Cluster, which Celery cannot use as its broker: "
+            "set CSTACK_CELERY_BROKER_URL to a single Redis"
+        )
+    return settings.redis_url
+
+
 def make_celery(settings: BillingSettings) -> Celery:
-    app = Celery("cstack-billing", broker=settings.redis_url)
+    app = Celery("cstack-billing", broker=broker_url(settings))
     drain_every = settings.ledger_drain_interval_s
     app.conf.update(
         task_default_queue=QUEUE,
@@ -71,8 +84,8 @@ def ledger() -> Engine:
 
 
 @cache
-def redis() -> Redis:
-    return Redis.from_url(settings.redis_url)
+def redis() -> SyncClient:
+    return sync_client(settings.redis_url)
 
 
 def prepare(current: BillingSettings = settings) -> None:
@@ -90,7 +103,11 @@ def drain_usage_stream() -> dict[str, Any]:
 
 @celery_app.task(name="billing.restore_suspensions")
 def restore_suspensions_task() -> dict[str, Any]:
-    return {"suspended": restore_suspensions(ledger(), redis())}
+    return {
+        "suspended": restore_suspensions(
+            ledger(), redis(), Keyspace(settings.billing_shards, settings.usage_stream)
+        )
+    }
 
 
 @celery_app.task(name="billing.sync_stripe")

@@ -18,10 +18,10 @@ from datetime import date
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from redis.asyncio import Redis
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from billing.meter import Meter
+from billing.redis_client import AsyncClient, async_client
 from billing.reporting import UsageReader, UsageUnavailable
 from gateway.admin import build_admin_router
 from gateway.auth import Authenticator
@@ -89,7 +89,7 @@ class _Parts:
     """The objects one gateway process shares between its routes."""
 
     metrics: GatewayMetrics
-    redis: Redis
+    redis: AsyncClient
     store: KeyStore
     auth: Authenticator
     upstreams: Upstreams
@@ -99,7 +99,7 @@ class _Parts:
 
 def _build_parts(settings: GatewaySettings, meter: Meter, worker: int) -> _Parts:
     metrics = GatewayMetrics()
-    redis = Redis.from_url(settings.redis_url)
+    redis = async_client(settings.redis_url)
     store = KeyStore(redis, settings.default_plan)
     auth = Authenticator(
         store,

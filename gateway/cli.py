@@ -168,15 +168,15 @@ def _settings(**overrides: Any) -> Any:
 def _with_store(action: Callable[[Any], Awaitable[T]]) -> T:
     """Run ``action`` on the key store; what the store refuses (an unknown org, a bad
     id...) or an unreachable Redis ends the command with a one-line error."""
-    from redis.asyncio import Redis
     from redis.exceptions import RedisError
 
+    from billing.redis_client import RedisUrlError, async_client
     from gateway.keys import KeyStore, KeyStoreError
 
     settings = _settings()
 
     async def run() -> T:
-        redis = Redis.from_url(settings.redis_url)
+        redis = async_client(settings.redis_url)
         try:
             return await action(KeyStore(redis, settings.default_plan))
         finally:
@@ -184,7 +184,7 @@ def _with_store(action: Callable[[Any], Awaitable[T]]) -> T:
 
     try:
         return asyncio.run(run())
-    except KeyStoreError as exc:
+    except (KeyStoreError, RedisUrlError) as exc:
         _fail(str(exc))
     except (RedisError, OSError) as exc:
         _fail(f"cannot reach Redis at CSTACK_REDIS_URL ({type(exc).__name__}: {exc})")

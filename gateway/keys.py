@@ -3,8 +3,11 @@
 A key reads ``sk-cs-<key_id>.<secret>``: the id locates the record in one lookup, the
 secret (256 random bits) is what the digest protects. A fast hash is enough for secrets of
 that entropy; a slow password hash would only add latency to every uncached request.
-Every revocation also increments ``cstack:keys:epoch`` in the same transaction: gateway
-replicas poll that counter to drop their caches (see ``gateway.auth``).
+Every revocation also increments ``cstack:keys:epoch``, once the revocation is written:
+gateway replicas poll that counter to drop their caches (see ``gateway.auth``). Writes
+that go together are made one after the other, not as one transaction, because on a
+Redis Cluster their keys are in different slots; the order makes an interruption safe
+(a revocation without its epoch is seen when the caches expire).
 """
 
 from __future__ import annotations
@@ -152,13 +155,11 @@ class KeyStore:
             fast_overflow=org.fast_overflow if fast_overflow is None else fast_overflow,
         )
         fields = _org_fields(updated)
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(
-                _org_key(org_id),
-                mapping={name: fields[name] for name in ("default_tier", "fast_overflow")},
-            )
-            pipe.incr(EPOCH_KEY)
-            await pipe.execute()
+        await self.redis.hset(
+            _org_key(org_id),
+            mapping={name: fields[name] for name in ("default_tier", "fast_overflow")},
+        )
+        await self.redis.incr(EPOCH_KEY)
         return updated
 
     async def create_key(self, org_id: str, plan: str = "", name: str = "") -> tuple[str, ApiKey]:
@@ -169,19 +170,19 @@ class KeyStore:
         key_id = secrets.token_hex(8)
         token = f"{KEY_PREFIX}{key_id}.{secrets.token_urlsafe(32)}"
         record = ApiKey(key_id, org_id, plan or org.plan, name, time.time())
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(
-                _api_key(key_id),
-                mapping={
-                    "org_id": org_id,
-                    "plan": record.plan,
-                    "name": name,
-                    "created_at": repr(record.created_at),
-                    "digest": digest(token),
-                },
-            )
-            pipe.sadd(_org_keys_key(org_id), key_id)
-            await pipe.execute()
+        # Listed first: a key that exists is always in its org's list (a listed id whose
+        # record was never written is skipped by list_keys).
+        await self.redis.sadd(_org_keys_key(org_id), key_id)
+        await self.redis.hset(
+            _api_key(key_id),
+            mapping={
+                "org_id": org_id,
+                "plan": record.plan,
+                "name": name,
+                "created_at": repr(record.created_at),
+                "digest": digest(token),
+            },
+        )
         return token, record
 
     async def revoke_key(self, key_id: str) -> ApiKey:
@@ -191,10 +192,8 @@ class KeyStore:
         if record.revoked_at is not None:
             return record
         revoked_at = time.time()
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(_api_key(key_id), "revoked_at", repr(revoked_at))
-            pipe.incr(EPOCH_KEY)
-            await pipe.execute()
+        await self.redis.hset(_api_key(key_id), "revoked_at", repr(revoked_at))
+        await self.redis.incr(EPOCH_KEY)
         return ApiKey(**{**record.public(), "revoked_at": revoked_at})  # type: ignore[arg-type]
 
     async def get_key(self, key_id: str) -> ApiKey | None:

@@ -17,8 +17,9 @@ from typing import Any
 
 import yaml
 
+from billing.keyspace import Keyspace
 from billing.meter import AdmissionRequest, UsageReport
-from billing.settings import DEFAULT_PRICEBOOK_PATH
+from billing.settings import DEFAULT_PRICEBOOK_PATH, BillingSettings
 from serving.tiers import Tier
 
 REPO = Path(__file__).resolve().parents[2]
@@ -220,3 +221,22 @@ class StripeStandIn:
 
     def results(self, path: str = "/v1/invoiceitems") -> list[str]:
         return [r["result"] for r in self.requests() if r["path"] == path]
+
+
+def keyspace(settings: BillingSettings) -> Keyspace:
+    """The key names of ``settings``' Redis state (a test's own usage streams)."""
+    return Keyspace(settings.billing_shards, settings.usage_stream)
+
+
+def usage_entries(client: Any, settings: BillingSettings) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    """Every usage stream entry waiting for the ledger, over all shards' streams (each
+    stream's in order; a sync redis-py client)."""
+    entries: list[tuple[bytes, dict[bytes, bytes]]] = []
+    for stream in keyspace(settings).usage_streams():
+        entries += client.xrange(stream)
+    return entries
+
+
+def usage_backlog(client: Any, settings: BillingSettings) -> int:
+    """Entries in all of ``settings``' usage streams."""
+    return sum(client.xlen(stream) for stream in keyspace(settings).usage_streams())

@@ -13,7 +13,7 @@ import pytest
 from billing_support import admission_request, usage_for
 
 from billing.meter import AdmissionRefused
-from billing.redis_meter import RedisMeter, budget_prefix, suspended_org_key
+from billing.redis_meter import RedisMeter
 from billing.settings import BillingSettings
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -27,12 +27,14 @@ async def meter(billing_settings: BillingSettings) -> AsyncIterator[RedisMeter]:
 
 
 async def budget(meter: RedisMeter, org: str, period: str) -> dict[str, int]:
-    raw = await meter.redis.hgetall(budget_prefix(org) + period)
+    raw = await meter.redis.hgetall(meter.keys.budget_prefix(org) + period)
     return {k.decode(): int(v) for k, v in raw.items()}
 
 
 async def stream_events(meter: RedisMeter) -> list[dict[str, object]]:
-    entries = await meter.redis.xrange(meter.settings.usage_stream)
+    entries = []
+    for stream in meter.keys.usage_streams():
+        entries += await meter.redis.xrange(stream)
     return [json.loads(fields[b"event"]) for _, fields in entries]
 
 
@@ -137,12 +139,12 @@ async def test_unsettled_reservations_expire(billing_settings: BillingSettings) 
 
 
 async def test_suspended_org_is_refused(meter: RedisMeter) -> None:
-    await meter.redis.set(suspended_org_key("org-unpaid"), "evt_1")
+    await meter.redis.set(meter.keys.suspended_org("org-unpaid"), "evt_1")
     with pytest.raises(AdmissionRefused, match="suspended") as refused:
         await meter.admit(admission_request(org="org-unpaid"))
     assert refused.value.code == "insufficient_quota"
     assert refused.value.headers["x-ratelimit-limit-requests"] == "600"
-    await meter.redis.delete(suspended_org_key("org-unpaid"))
+    await meter.redis.delete(meter.keys.suspended_org("org-unpaid"))
     await meter.admit(admission_request(org="org-unpaid"))
 
 
@@ -174,7 +176,9 @@ async def test_a_request_in_flight_keeps_its_reservation_past_the_ttl(
         with pytest.raises(AdmissionRefused):
             await meter.admit(admission_request(org="org-long", plan="tiny"))
         period = str(long_running[0].reservation_id).split("/")[0]
-        held = await meter.redis.zrange(budget_prefix("org-long") + period + ":resv", 0, -1)
+        held = await meter.redis.zrange(
+            meter.keys.budget_prefix("org-long") + period + ":resv", 0, -1
+        )
         assert long_running[0].request.request_id.encode() in held
         assert long_running[1].request.request_id.encode() not in held
 

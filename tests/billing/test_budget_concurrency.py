@@ -9,10 +9,10 @@ from datetime import datetime
 from multiprocessing import get_context
 
 import redis
-from billing_support import hammer_meter
+from billing_support import hammer_meter, keyspace, usage_entries
 
 from billing.pricing import load_pricebook
-from billing.redis_meter import budget_prefix, period_of
+from billing.redis_meter import period_of
 from billing.settings import BillingSettings
 
 
@@ -33,11 +33,14 @@ def test_200_concurrent_requests_from_two_processes_stay_within_budget(
     cap = book.plan("tiny").period_cap_nano
     worst = 100 * 3000 + 50 * 15000
     client = redis.Redis.from_url(billing_settings.redis_url)
-    entries = client.xrange(billing_settings.usage_stream)
+    entries = usage_entries(client, billing_settings)
     events = [json.loads(fields[b"event"]) for _, fields in entries]
     periods = {e["started_at"][:7] for e in events}
     (period,) = periods
-    state = {k.decode(): int(v) for k, v in client.hgetall(budget_prefix(org) + period).items()}
+    state = {
+        k.decode(): int(v)
+        for k, v in client.hgetall(keyspace(billing_settings).budget_prefix(org) + period).items()
+    }
     spent = sum(e["allowance_consumed_nano_usd"] for e in events)
 
     assert len(events) == admitted  # one usage event per admitted request

@@ -28,13 +28,12 @@ from typing import Any
 import httpx
 import pytest
 import redis
-from billing_support import port_open, wait_for
+from billing_support import keyspace, port_open, usage_entries, wait_for
 from gateway_processes import gateway_processes
 from redis.asyncio import Redis
 from usage_upstream import SLOW_SEED
 
 from billing.pricing import load_pricebook, worst_case_charge
-from billing.redis_meter import budget_prefix
 from billing.settings import BillingSettings
 from gateway.keys import KeyStore
 from serving.process import free_port
@@ -189,7 +188,7 @@ async def test_mixed_shapes_from_two_gateways_stay_within_one_worst_case_of_the_
         # Wave 2, once the long streams have outlived their first TTL (still running).
         await asyncio.sleep(max(0.0, long_started_at + TTL_S + 1 - time.monotonic()))
         assert not any(task.done() for task, _ in longs)
-        held = await held_reservations(billing_settings.redis_url)
+        held = await held_reservations(billing_settings)
         wave2_specs = [HANGUP if i % 10 == 0 else SHORT[i % len(SHORT)] for i in range(100)]
         done2 = await asyncio.gather(*(launch(spec)[0] for spec in wave2_specs))
         done_long = await asyncio.gather(*(task for task, _ in longs))
@@ -198,14 +197,14 @@ async def test_mixed_shapes_from_two_gateways_stay_within_one_worst_case_of_the_
     assert_budget_held(results, done1, done2, done_long, held, billing_settings)
 
 
-async def held_reservations(redis_url: str) -> set[str]:
+async def held_reservations(settings: BillingSettings) -> set[str]:
     """Request ids whose reservation is in Redis and not expired by Redis's clock."""
-    client = Redis.from_url(redis_url)
+    client = Redis.from_url(settings.redis_url)
     try:
         seconds, micros = await client.time()
         now = seconds * 1_000_000 + micros
         period = datetime.now(UTC).strftime("%Y-%m")
-        key = budget_prefix(ORG) + period + ":resv"
+        key = keyspace(settings).budget_prefix(ORG) + period + ":resv"
         return {m.decode() for m in await client.zrangebyscore(key, now, "+inf")}
     finally:
         await client.aclose()
@@ -236,7 +235,7 @@ def assert_budget_held(
 
     sync = redis.Redis.from_url(settings.redis_url)
     read = lambda: [  # noqa: E731
-        json.loads(fields[b"event"]) for _, fields in sync.xrange(settings.usage_stream)
+        json.loads(fields[b"event"]) for _, fields in usage_entries(sync, settings)
     ]
     # Hung-up streams settle when their gateway notices; wait for every event.
     events = wait_for(lambda: (lambda e: e if len(e) >= len(admitted) else None)(read()), 60,
@@ -265,7 +264,10 @@ def assert_budget_held(
         for r in results
     )  # fmt: skip
     period = events[0]["started_at"][:7]
-    budget = {k.decode(): int(v) for k, v in sync.hgetall(budget_prefix(ORG) + period).items()}
+    budget = {
+        k.decode(): int(v)
+        for k, v in sync.hgetall(keyspace(settings).budget_prefix(ORG) + period).items()
+    }
     used = sum(e["allowance_consumed_nano_usd"] for e in events)
     assert budget == {"reserved": 0, "used": used}
     assert used <= cap + worst_one  # the issue's bound

@@ -12,13 +12,13 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
+from billing_support import keyspace, usage_entries
 from gateway_processes import gateway_processes
 from redis.asyncio import Redis
 
 from billing.consumer import UsageStreamConsumer
 from billing.ledger import make_engine, migrate
 from billing.pricing import load_pricebook
-from billing.redis_meter import budget_prefix
 from billing.settings import BillingSettings
 from gateway.keys import KeyStore
 
@@ -77,14 +77,15 @@ async def test_two_gateways_200_concurrent_requests_stay_within_budget(
     assert all("retry-after" not in r.headers for r in refused)
 
     sync = redis.Redis.from_url(billing_settings.redis_url)
-    events = [
-        json.loads(fields[b"event"]) for _, fields in sync.xrange(billing_settings.usage_stream)
-    ]
+    events = [json.loads(fields[b"event"]) for _, fields in usage_entries(sync, billing_settings)]
     assert len(events) == len(ok)
     assert {e["event_id"] for e in events} == {r.headers["x-request-id"] for r in ok}
     period = events[0]["started_at"][:7]
     budget = {
-        k.decode(): int(v) for k, v in sync.hgetall(budget_prefix("org-gw-race") + period).items()
+        k.decode(): int(v)
+        for k, v in sync.hgetall(
+            keyspace(billing_settings).budget_prefix("org-gw-race") + period
+        ).items()
     }
     book = load_pricebook(billing_settings.pricebook_path)
     cap = book.plan("pico").period_cap_nano

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
-from billing_support import port_open, wait_for
+from billing_support import port_open, usage_backlog, wait_for
 from gateway_processes import gateway_processes
 from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
@@ -90,7 +90,7 @@ async def test_hanging_up_on_a_non_streaming_request_bills_its_tokens_in_the_led
         client.close()  # nothing of the answer was sent: it was still being generated
 
         sync = redis.Redis.from_url(billing_settings.redis_url)
-        wait_until(lambda: sync.xlen(billing_settings.usage_stream) == 1, "the usage event")
+        wait_until(lambda: usage_backlog(sync, billing_settings) == 1, "the usage event")
     engine = make_engine(billing_settings.ledger_url)
     migrate(engine)
     UsageStreamConsumer(sync, engine, billing_settings).drain(max_seconds=30)

@@ -23,7 +23,7 @@ from billing.invoice import invoice_preview
 from billing.ledger import UsageRow, make_engine, migrate
 from billing.meter import UsageReport
 from billing.pricing import load_pricebook
-from billing.redis_meter import RedisMeter, budget_prefix
+from billing.redis_meter import RedisMeter
 from billing.settings import BillingSettings
 
 STARTED = datetime(2026, 11, 20, 9, 30, tzinfo=UTC)
@@ -82,7 +82,7 @@ async def test_a_promotion_halves_reservation_budget_and_allowance_but_not_list_
         )
         await meter.settle(admission, report)
         period = str(admission.reservation_id).split("/")[0]
-        used = await meter.redis.hget(budget_prefix(org) + period, "used")
+        used = await meter.redis.hget(meter.keys.budget_prefix(org) + period, "used")
         list_cost = 1_000 * 3000 + 200 * 15000
         assert int(used or 0) == list_cost // 2
     finally:

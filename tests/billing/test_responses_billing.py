@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
+from billing_support import usage_entries
 from gateway_processes import gateway_processes
 from openai import OpenAI
 from redis.asyncio import Redis
@@ -58,7 +59,7 @@ async def test_responses_are_metered_into_the_ledger_and_usage(
     sync = redis.Redis.from_url(billing_settings.redis_url)
     events = {
         json.loads(fields[b"event"])["tier"]: json.loads(fields[b"event"])
-        for _, fields in sync.xrange(billing_settings.usage_stream)
+        for _, fields in usage_entries(sync, billing_settings)
     }
     assert set(events) == {"fast", "standard"}
     book = load_pricebook(billing_settings.pricebook_path).versions[-1]

@@ -17,7 +17,7 @@ from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 
 from billing.meter import AdmissionRefused
-from billing.redis_meter import RedisMeter, budget_prefix
+from billing.redis_meter import RedisMeter
 from billing.settings import BillingSettings
 from billing.settlement import Record, SettlementQueue
 
@@ -56,11 +56,11 @@ async def test_settlements_of_a_moment_go_in_one_call_each_applied_once(
     assert sum(meter.batches) == 40
     assert len(meter.batches) < 40  # together, not one call each
 
-    budget = await meter.redis.hgetall(budget_prefix("org-batch") + period)
+    budget = await meter.redis.hgetall(meter.keys.budget_prefix("org-batch") + period)
     used = sum(100 * 3000 + i * 15000 for i in range(40))
     assert {k.decode(): int(v) for k, v in budget.items()} == {"reserved": 0, "used": used}
-    assert await meter.redis.zcard(budget_prefix("org-batch") + period + ":resv") == 0
-    entries = await meter.redis.xrange(meter.settings.usage_stream)
+    assert await meter.redis.zcard(meter.keys.budget_prefix("org-batch") + period + ":resv") == 0
+    entries = await meter.redis.xrange(meter.keys.usage_stream_of("org-batch"))
     events = [json.loads(fields[b"event"]) for _, fields in entries]
     assert [e["event_id"] for e in events] == [r.request_id for r in requests]  # in order
 
@@ -71,9 +71,9 @@ async def test_settlements_of_a_moment_go_in_one_call_each_applied_once(
         meter.settle(admissions[0], usages[0]),
         meter.settle(fresh, usage_for(again, completion=0, cached=0)),
     )
-    budget = await meter.redis.hgetall(budget_prefix("org-batch") + period)
+    budget = await meter.redis.hgetall(meter.keys.budget_prefix("org-batch") + period)
     assert int(budget[b"used"]) == used + 100 * 3000
-    assert len(await meter.redis.xrange(meter.settings.usage_stream)) == 41
+    assert len(await meter.redis.xrange(meter.keys.usage_stream_of("org-batch"))) == 41
 
 
 async def test_one_records_bad_key_fails_only_that_record(meter: CountingMeter) -> None:
@@ -81,8 +81,8 @@ async def test_one_records_bad_key_fails_only_that_record(meter: CountingMeter) 
     bad = admission_request(org="org-bad", key="key-batch", prompt=10)
     admitted = [await meter.admit(good), await meter.admit(bad)]
     period = str(admitted[0].reservation_id).split("/")[0]
-    await meter.redis.delete(budget_prefix("org-bad") + period)
-    await meter.redis.set(budget_prefix("org-bad") + period, "not a hash")  # WRONGTYPE
+    await meter.redis.delete(meter.keys.budget_prefix("org-bad") + period)
+    await meter.redis.set(meter.keys.budget_prefix("org-bad") + period, "not a hash")  # WRONGTYPE
     results = await asyncio.gather(
         meter.settle(admitted[0], usage_for(good, completion=1)),
         meter.settle(admitted[1], usage_for(bad, completion=1)),
@@ -91,7 +91,7 @@ async def test_one_records_bad_key_fails_only_that_record(meter: CountingMeter) 
     assert meter.batches == [2]
     assert results[0] is None
     assert isinstance(results[1], redis_errors.ResponseError) and "WRONGTYPE" in str(results[1])
-    used = await meter.redis.hget(budget_prefix("org-good") + period, "used")
+    used = await meter.redis.hget(meter.keys.budget_prefix("org-good") + period, "used")
     assert int(used) == 10 * 3000 + 1 * 15000
     assert meter.spool.pending_count() == 0  # a bad record is not retried forever
 
@@ -121,13 +121,13 @@ async def test_what_redis_refuses_to_write_is_spooled_and_replays_exactly(
         await admin.aclose()
     assert isinstance(results[0], asyncio.CancelledError) and results[1:] == [None, None]
     assert meter.spool.pending_count() == 3
-    assert await meter.redis.hget(budget_prefix("org-oom") + period, "used") is None
+    assert await meter.redis.hget(meter.keys.budget_prefix("org-oom") + period, "used") is None
 
     assert await meter.replay_spool() == 3
     assert await meter.replay_spool() == 0
-    used = await meter.redis.hget(budget_prefix("org-oom") + period, "used")
+    used = await meter.redis.hget(meter.keys.budget_prefix("org-oom") + period, "used")
     assert int(used) == 3 * (10 * 3000 + 2 * 15000)
-    entries = await meter.redis.xrange(meter.settings.usage_stream)
+    entries = await meter.redis.xrange(meter.keys.usage_stream_of("org-oom"))
     ids = sorted(json.loads(fields[b"event"])["event_id"] for _, fields in entries)
     assert ids == sorted(r.request_id for r in requests)
 
@@ -140,7 +140,7 @@ async def test_an_unreachable_redis_spools_each_record_of_the_batch(
     )
     meter = RedisMeter(settings)
     try:
-        records = [{"event_id": str(i), "budget_prefix": "p", "period": "2026-12",
+        records = [{"event_id": str(i), "org_id": "o", "period": "2026-12",
                     "allowance_nano_usd": 1, "event": "{}"} for i in range(5)]  # fmt: skip
         outcomes = await meter._settle_batch(records)
         assert outcomes == [None] * 5

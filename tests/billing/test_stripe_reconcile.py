@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import redis
-from billing_support import StripeStandIn, write_test_book
+from billing_support import StripeStandIn, keyspace, write_test_book
 from pydantic import SecretStr
 from typer.testing import CliRunner
 
@@ -183,8 +183,9 @@ async def test_stripe_invoices_the_ledger_to_the_cent_through_the_billing_path(
                 # A duplicate delivery: the gateway settles twice, and the stream entry
                 # is delivered again (as a reclaimed or replayed entry would be).
                 await meter.settle(admission, report)
-                entry = client.xrange(settings.usage_stream)[-1][1]
-                client.xadd(settings.usage_stream, entry)
+                stream = keyspace(settings).usage_stream_of(org)
+                entry = client.xrange(stream)[-1][1]
+                client.xadd(stream, entry)
         assert consumer.drain(max_seconds=30).inserted == len(NOVEMBER)
 
         # November closed an hour ago; the stand-in fails the first two posts.

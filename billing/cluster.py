@@ -1,0 +1,184 @@
+"""The meter's scripts on a Redis Cluster: each call to the primary of its keys' slot.
+
+A script call's keys are all in one slot (``billing.keyspace`` tags them by shard), so a
+call goes whole to one primary, on that primary's pipelined connection
+(``billing.resp``), batched with the other calls of the moment to the same node. The slot
+map comes from ``CLUSTER SLOTS``, asked of any node that answers.
+
+What the cluster says is followed: MOVED (the slot has a new owner: a failover, a
+resharding) refreshes the map and sends the call again, which is safe as the script did
+not run; ASK (a slot half-way through migration) sends it once to the node named, after
+ASKING. A node that cannot be reached fails the call with redis-py's ConnectionError,
+which the meter treats as for a single Redis (settlements spool, admission takes the
+outage allowance), and marks the map stale: the next call asks the cluster again, at most
+every ``REFRESH_INTERVAL_S``, so that a failover is followed once a replica has taken over.
+
+A primary acknowledges a write before its replicas have it, so a failover can lose the
+last writes. For settlements that would be lost money: a ``durable`` call is followed by
+a WAIT for one replica (where the slot has any), on a connection of its own so that the
+wait never holds up admissions, and a call no replica acknowledged fails with a
+TimeoutError; the meter then spools it, and its replay, idempotent by the settled
+marker, applies it on whichever node holds the slot by then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from redis import exceptions as redis_errors
+from redis.crc import key_slot
+
+from billing.batching import Script, ScriptBatcher
+from billing.redis_client import RedisTarget
+from billing.resp import Arg, RespConnection, command
+
+logger = logging.getLogger(__name__)
+
+#: Redirections followed for one call before giving up (a map that keeps moving).
+MAX_REDIRECTS = 3
+#: The least time between two slot-map refreshes, so an outage does not turn every
+#: call into a CLUSTER SLOTS of its own.
+REFRESH_INTERVAL_S = 0.1
+#: How long a durable call waits for a replica's acknowledgement (normally under 1 ms).
+REPLICA_TIMEOUT_MS = 500
+
+Node = tuple[str, int]
+
+
+class ClusterScripts:
+    """``await call(script, keys, args)`` on the primary of ``keys``' slot (they must share
+    one, as Redis Cluster requires of a script)."""
+
+    def __init__(self, target: RedisTarget, scripts: Sequence[Script], *, timeout_s: float) -> None:
+        self._target = target
+        self._scripts = list(scripts)
+        self._timeout_s = timeout_s
+        #: Sorted first slots of the map's ranges, and each range's (last slot, primary,
+        #: whether it has replicas).
+        self._starts: list[int] = []
+        self._ranges: list[tuple[int, Node, bool]] = []
+        #: Per primary: the connection for calls, and the one for durable calls.
+        self._batchers: dict[tuple[Node, bool], ScriptBatcher] = {}
+        self._stale = True
+        self._refreshed_at = -float("inf")
+        self._refreshing: asyncio.Task[None] | None = None
+        self._closing: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    async def call(
+        self, script: Script, keys: Sequence[str], args: Sequence[Arg], *, durable: bool = False
+    ) -> Any:
+        """``durable``: on a replica too before it returns (where the slot has one)."""
+        slot = key_slot(keys[0].encode())
+        for _ in range(MAX_REDIRECTS):
+            node, has_replicas = await self._primary(slot)
+            replicas = 1 if durable and has_replicas else 0
+            try:
+                return await self._batcher(node, replicas > 0).call(
+                    script, keys, args, replicas=replicas, replica_timeout_ms=REPLICA_TIMEOUT_MS
+                )
+            except redis_errors.MovedError:
+                self._stale = True
+                self._refreshed_at = -float("inf")  # the cluster says where: ask it now
+            except redis_errors.AskError as ask:
+                return await self._batcher((ask.host, int(ask.port)), replicas > 0).call(
+                    script,
+                    keys,
+                    args,
+                    asking=True,
+                    replicas=replicas,
+                    replica_timeout_ms=REPLICA_TIMEOUT_MS,
+                )
+            except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError):
+                self._stale = True
+                raise
+        raise redis_errors.ClusterDownError(f"slot {slot} kept moving")
+
+    def group(self, keys: Sequence[str]) -> dict[int, list[int]]:
+        """Indexes of ``keys`` by slot: the calls a multi-shard batch splits into."""
+        groups: dict[int, list[int]] = {}
+        for index, key in enumerate(keys):
+            groups.setdefault(key_slot(key.encode()), []).append(index)
+        return groups
+
+    async def _primary(self, slot: int) -> tuple[Node, bool]:
+        if self._stale or not self._ranges:
+            await self._refresh()
+        at = bisect.bisect_right(self._starts, slot) - 1
+        if at >= 0 and slot <= self._ranges[at][0]:
+            _, node, has_replicas = self._ranges[at]
+            return node, has_replicas
+        raise redis_errors.ClusterDownError(f"slot {slot} is not served by any node")
+
+    def _batcher(self, node: Node, durable: bool) -> ScriptBatcher:
+        batcher = self._batchers.get((node, durable))
+        if batcher is None:
+            if self._closed:
+                raise redis_errors.ConnectionError("the meter's Redis connection is closed")
+            connection = RespConnection(self._target.url_for(*node), timeout_s=self._timeout_s)
+            batcher = self._batchers[node, durable] = ScriptBatcher(connection, self._scripts)
+        return batcher
+
+    async def _refresh(self) -> None:
+        wait = self._refreshed_at + REFRESH_INTERVAL_S - time.monotonic()
+        if self._ranges and wait > 0:
+            return  # refreshed a moment ago: keep the map until the interval is over
+        refreshing = self._refreshing
+        if refreshing is None or refreshing.done():
+            refreshing = self._refreshing = asyncio.get_running_loop().create_task(
+                self._load_slots()
+            )
+        await asyncio.shield(refreshing)
+
+    async def _load_slots(self) -> None:
+        self._refreshed_at = time.monotonic()
+        known = [node for node, _ in self._batchers]
+        candidates = list(dict.fromkeys([*known, *self._target.nodes]))
+        last_error: Exception = redis_errors.ConnectionError("no Redis Cluster node given")
+        for node in candidates:
+            connection = RespConnection(self._target.url_for(*node), timeout_s=self._timeout_s)
+            try:
+                reply = await connection.request(command(b"CLUSTER", b"SLOTS"))
+            except (redis_errors.RedisError, OSError) as exc:
+                last_error = exc
+                continue
+            finally:
+                await connection.aclose()
+            if isinstance(reply, redis_errors.RedisError):
+                last_error = reply
+                continue
+            self._apply(reply, asked=node)
+            return
+        raise last_error
+
+    def _apply(self, reply: list[Any], *, asked: Node) -> None:
+        ranges = []
+        for entry in reply:
+            start, end, primary = int(entry[0]), int(entry[1]), entry[2]
+            host = primary[0].decode() if primary[0] else asked[0]  # "" means the one asked
+            ranges.append((start, end, (host, int(primary[1])), len(entry) > 3))
+        ranges.sort()
+        self._starts = [start for start, _, _, _ in ranges]
+        self._ranges = [(end, node, replicas) for _, end, node, replicas in ranges]
+        self._stale = False
+        primaries = {node for _, node, _ in self._ranges}
+        for key in [key for key in self._batchers if key[0] not in primaries]:
+            # A primary no more (failed over, removed): its connections go.
+            closing = asyncio.get_running_loop().create_task(self._batchers.pop(key).aclose())
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
+        logger.debug(
+            "Redis Cluster slot map: %d ranges on %d primaries", len(ranges), len(primaries)
+        )
+
+    async def aclose(self) -> None:
+        self._closed = True
+        if self._refreshing is not None and not self._refreshing.done():
+            self._refreshing.cancel()
+        batchers, self._batchers = list(self._batchers.values()), {}
+        await asyncio.gather(*(batcher.aclose() for batcher in batchers), *self._closing)
