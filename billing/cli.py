@@ -148,14 +148,13 @@ def dead_letters_list(
     limit: int = typer.Option(100, min=1, help="Show at most this many, oldest first."),
 ) -> None:
     """Print each dead letter: its id, the request it bills, and why it was set aside."""
-    from redis.exceptions import RedisError
-
     from billing.dead_letters import list_dead_letters
+    from billing.redis_client import REDIS_FAILURES
 
     redis, settings = _redis_and_settings()
     try:
         letters = list_dead_letters(redis, settings, limit)
-    except (RedisError, OSError) as exc:
+    except REDIS_FAILURES as exc:
         _fail(f"cannot reach Redis at CSTACK_REDIS_URL ({type(exc).__name__})")
     if not letters:
         typer.echo("no dead letters")
@@ -176,9 +175,8 @@ def dead_letters_replay(
 
     Replaying is safe to repeat: the ledger ignores an event id it already holds.
     """
-    from redis.exceptions import RedisError
-
     from billing.dead_letters import ReplayInterrupted, replay_dead_letters
+    from billing.redis_client import REDIS_FAILURES
 
     if bool(entry_ids) == replay_all:
         _fail("give dead-letter ids or --all (not both)")
@@ -192,11 +190,34 @@ def dead_letters_replay(
     except ReplayInterrupted as exc:
         done = ", ".join(exc.replayed) or "none"
         _fail(f"Redis failed part way ({type(exc.cause).__name__}); replayed so far: {done}")
-    except (RedisError, OSError) as exc:
+    except REDIS_FAILURES as exc:
         _fail(
             f"cannot reach Redis at CSTACK_REDIS_URL ({type(exc).__name__}); nothing was replayed"
         )
     typer.echo(f"replayed {len(replayed)} dead letter(s) onto the usage stream")
+
+
+@billing_app.command("merge-legacy-budgets")
+def merge_legacy_budgets_command() -> None:
+    """Merge the budgets a release before Redis Cluster support wrote into their orgs'
+    shards, so that an upgrade mid-month gives no org its allowance again. The billing
+    worker does it when it starts; run it again once the last old gateway has stopped.
+    Safe to repeat: a merged budget is deleted as it is merged."""
+    from billing.keyspace import Keyspace
+    from billing.legacy_keys import merge_legacy_budgets
+    from billing.redis_client import REDIS_FAILURES, parse_redis_url
+
+    redis, settings = _redis_and_settings()
+    if parse_redis_url(settings.redis_url).cluster:
+        typer.echo("a Redis Cluster holds no budgets of releases before sharding")
+        return
+    try:
+        merged = merge_legacy_budgets(
+            redis, Keyspace(settings.billing_shards, settings.usage_stream)
+        )
+    except REDIS_FAILURES as exc:
+        _fail(f"cannot reach Redis at CSTACK_REDIS_URL ({type(exc).__name__})")
+    typer.echo(f"merged {merged} budget(s)")
 
 
 def worker_billing(
@@ -205,14 +226,14 @@ def worker_billing(
 ) -> None:
     """Run the billing worker: usage stream -> ledger, ledger -> Stripe."""
     from prometheus_client import start_http_server
-    from redis.exceptions import RedisError
     from sqlalchemy.exc import SQLAlchemyError
 
+    from billing.redis_client import REDIS_FAILURES
     from billing.worker import celery_app, prepare, settings
 
     try:
         prepare()
-    except (RedisError, OSError) as exc:
+    except REDIS_FAILURES as exc:
         _fail(f"cannot reach Redis at CSTACK_REDIS_URL ({type(exc).__name__})")
     except SQLAlchemyError as exc:
         _fail(f"cannot prepare the ledger ({type(exc).__name__}); check CSTACK_LEDGER_URL")

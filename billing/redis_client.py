@@ -13,16 +13,19 @@ Redis (Celery cannot use a cluster), set apart with ``CSTACK_CELERY_BROKER_URL``
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import cast
 from urllib.parse import urlsplit, urlunsplit
 
 from redis import Redis as SyncRedis
+from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import ClusterNode as SyncClusterNode
 from redis.cluster import RedisCluster as SyncRedisCluster
+from redis.exceptions import RedisClusterException
 
 CLUSTER_SCHEMES = {"redis-cluster": "redis", "rediss-cluster": "rediss"}
 
@@ -31,6 +34,15 @@ CLUSTER_SCHEMES = {"redis-cluster": "redis", "rediss-cluster": "rediss"}
 #: Redis client: the type stubs in use declare no commands on the cluster clients.
 AsyncClient = Redis
 SyncClient = SyncRedis
+
+
+#: What the product's Redis clients raise when Redis is not there or refuses: redis-py's
+#: errors, and its cluster client's own when no node of the cluster answers.
+REDIS_FAILURES: tuple[type[Exception], ...] = (
+    redis_errors.RedisError,
+    RedisClusterException,
+    OSError,
+)
 
 
 class RedisUrlError(ValueError):
@@ -98,6 +110,14 @@ def async_client(url: str, *, timeout_s: float | None = None) -> AsyncClient:
     return cast(AsyncClient, cluster)
 
 
+async def connect_early(client: AsyncClient) -> None:
+    """Connect now, before requests come: a cluster client learns the cluster's layout on
+    first use, and redis-py's asyncio cluster client can fail a few of the commands that
+    race that first use. A Redis not there yet is no error here (its callers handle it)."""
+    with contextlib.suppress(*REDIS_FAILURES):
+        await client.ping()
+
+
 def sync_client(url: str, *, timeout_s: float | None = None) -> SyncClient:
     target = parse_redis_url(url)
     if not target.cluster:
@@ -105,6 +125,15 @@ def sync_client(url: str, *, timeout_s: float | None = None) -> SyncClient:
             return SyncRedis.from_url(url)
         return SyncRedis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
     nodes = [SyncClusterNode(host, port) for host, port in target.nodes]
+    try:
+        return _sync_cluster(target, nodes, timeout_s)
+    except RedisClusterException as exc:  # raised as it connects, which it does when made
+        raise redis_errors.ConnectionError(f"cannot reach the Redis Cluster: {exc}") from None
+
+
+def _sync_cluster(
+    target: RedisTarget, nodes: list[SyncClusterNode], timeout_s: float | None
+) -> SyncClient:
     if timeout_s is None:
         cluster: SyncRedisCluster[bytes] = SyncRedisCluster.from_url(
             target.node_url, startup_nodes=nodes

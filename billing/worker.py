@@ -18,6 +18,7 @@ from sqlalchemy import Engine
 from billing.consumer import UsageStreamConsumer
 from billing.keyspace import Keyspace
 from billing.ledger import make_engine, migrate
+from billing.legacy_keys import merge_legacy_budgets
 from billing.pricing import pricebook_from_path
 from billing.redis_client import SyncClient, parse_redis_url, sync_client
 from billing.settings import BillingSettings
@@ -89,9 +90,16 @@ def redis() -> SyncClient:
 
 
 def prepare(current: BillingSettings = settings) -> None:
-    """Run before a worker starts: ledger schema at head, consumer group present."""
+    """Run before a worker starts: ledger schema at head, consumer groups present, and
+    budgets of releases before sharding merged into their shards."""
     migrate(ledger())
     UsageStreamConsumer(redis(), ledger(), current).ensure_group()
+    if not parse_redis_url(current.redis_url).cluster:
+        merged = merge_legacy_budgets(
+            redis(), Keyspace(current.billing_shards, current.usage_stream)
+        )
+        if merged:
+            logger.info("merged %d budgets of a release before sharding", merged)
 
 
 @celery_app.task(name="billing.drain_usage_stream")

@@ -116,10 +116,18 @@ def check_redis(url: str) -> Check:
     """Connect, authenticate and PING as the stack would (redis-py, the same URL forms)."""
     import redis
 
+    from billing.redis_client import RedisUrlError, sync_client
     from serving.redact import redact_url
 
     shown = redact_url(url)
-    client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
+    try:
+        client = sync_client(url, timeout_s=3)
+    except RedisUrlError as exc:
+        return Check("redis", FAIL, f"CSTACK_REDIS_URL is not a usable Redis URL: {exc}")
+    except ValueError:
+        return Check("redis", FAIL, "CSTACK_REDIS_URL is not a Redis URL (redis://host:port/db)")
+    except redis.RedisError as exc:  # a cluster's client connects as it is made
+        return Check("redis", FAIL, f"{shown} does not answer ({_hide(str(exc), url)})")
     try:
         client.ping()
     except redis.AuthenticationError:

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from billing.meter import Meter
-from billing.redis_client import AsyncClient, async_client
+from billing.redis_client import AsyncClient, async_client, connect_early
 from billing.reporting import UsageReader, UsageUnavailable
 from gateway.admin import build_admin_router
 from gateway.auth import Authenticator
@@ -158,6 +158,7 @@ def _lifespan(
             # Closed in reverse, each even if another failed to: the meter (what it has
             # gathered to settle) after the relay's settlements, and before Redis.
             closing.push_async_callback(parts.redis.aclose)  # type: ignore[attr-defined]
+            await connect_early(parts.redis)
             closing.push_async_callback(usage.aclose)
             closing.push_async_callback(meter.aclose)
             closing.push_async_callback(parts.relay.aclose)

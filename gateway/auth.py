@@ -16,8 +16,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from redis.exceptions import RedisError
-
+from billing.redis_client import REDIS_FAILURES
 from gateway.errors import GatewayError, unauthorized
 from gateway.keys import ApiKey, KeyStore, digest
 from serving.tiers import DEFAULT_TIER, Tier
@@ -74,7 +73,7 @@ class Authenticator:
                     return cached[0]
             generation = self._generation
             principal = await self._lookup(token)
-        except (RedisError, OSError) as exc:
+        except REDIS_FAILURES as exc:
             raise GatewayError(
                 503, "API key store unavailable", type="server_error", code="auth_unavailable"
             ) from exc

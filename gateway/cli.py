@@ -168,9 +168,7 @@ def _settings(**overrides: Any) -> Any:
 def _with_store(action: Callable[[Any], Awaitable[T]]) -> T:
     """Run ``action`` on the key store; what the store refuses (an unknown org, a bad
     id...) or an unreachable Redis ends the command with a one-line error."""
-    from redis.exceptions import RedisError
-
-    from billing.redis_client import RedisUrlError, async_client
+    from billing.redis_client import REDIS_FAILURES, RedisUrlError, async_client
     from gateway.keys import KeyStore, KeyStoreError
 
     settings = _settings()
@@ -186,7 +184,7 @@ def _with_store(action: Callable[[Any], Awaitable[T]]) -> T:
         return asyncio.run(run())
     except (KeyStoreError, RedisUrlError) as exc:
         _fail(str(exc))
-    except (RedisError, OSError) as exc:
+    except REDIS_FAILURES as exc:
         _fail(f"cannot reach Redis at CSTACK_REDIS_URL ({type(exc).__name__}: {exc})")
 
 

@@ -12,9 +12,13 @@ from pathlib import Path
 
 import pytest
 from billing_support import admission_request, usage_for
+from gateway_processes import gateway_processes
+from openai import AuthenticationError, OpenAI
 from sqlalchemy import Engine, func, select
+from typer.testing import CliRunner
 from valkey_cluster import ValkeyCluster
 
+from billing.cli import billing_app
 from billing.consumer import UsageStreamConsumer
 from billing.events import usage_event
 from billing.ledger import UsageRow, make_engine, migrate
@@ -286,3 +290,77 @@ async def test_a_usage_event_spooled_before_sharding_replays_onto_its_orgs_shard
     assert await meter.replay_spool() == 1
     period = period_of(event.started_at)
     assert await budget(meter, "org-spooled-long-ago", period) == {"used": COST}
+
+
+@pytest.mark.vllm
+@on_session_loop
+async def test_gateways_on_a_cluster_serve_meter_and_revoke(
+    settings: BillingSettings, vllm_url: str, tmp_path: Path
+) -> None:
+    """Two real gateway processes on the cluster, through the openai SDK: keys made in the
+    cluster authenticate, each answer is metered into the ledger at its reported tokens,
+    and a revocation reaches both gateways."""
+    redis = async_client(settings.redis_url)
+    store = KeyStore(redis, "metered")
+    await store.create_org("org-cluster-gw", plan="metered")
+    token, record = await store.create_key("org-cluster-gw", plan="metered")
+    values = {**settings.model_dump(), "revocation_poll_s": 0.2}
+    with gateway_processes(values, vllm_url, tmp_path, count=2) as urls:
+        answers = []
+        for url in urls:
+            client = OpenAI(base_url=f"{url}/v1", api_key=token, max_retries=0)
+            answers.append(
+                client.chat.completions.create(
+                    model="composer-2.5",
+                    messages=[{"role": "user", "content": "Say hello."}],
+                    max_tokens=8,
+                )
+            )
+        await store.revoke_key(record.key_id)
+        await redis.aclose()  # type: ignore[attr-defined]
+        for url in urls:
+            client = OpenAI(base_url=f"{url}/v1", api_key=token, max_retries=0)
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    client.models.list()
+                except AuthenticationError:
+                    break
+                assert time.monotonic() < deadline, "the revocation never reached a gateway"
+                await asyncio.sleep(0.2)
+
+    engine = ledger(settings)
+    UsageStreamConsumer(sync_client(settings.redis_url), engine, settings).drain(30)
+    with engine.connect() as connection:
+        rows = connection.execute(select(UsageRow.prompt_tokens, UsageRow.completion_tokens)).all()
+    reported = [(a.usage.prompt_tokens, a.usage.completion_tokens) for a in answers if a.usage]
+    assert sorted(rows) == sorted(reported) and len(rows) == 2
+
+
+@on_session_loop
+async def test_an_upgrade_mid_month_keeps_each_orgs_spending(
+    billing_settings: BillingSettings,
+) -> None:
+    """A budget a release before sharding wrote (on one Redis) is merged into the org's
+    shard: an org that had used its cap stays refused, and merging again adds nothing."""
+    org = f"org-upgraded-{time.time_ns()}"
+    period = time.strftime("%Y-%m", time.gmtime())
+    legacy = f"cstack:budget:{{{org}}}:{period}"
+    old = sync_client(billing_settings.redis_url)
+    old.hset(legacy, mapping={"used": 10**15, "reserved": 0})  # far over any plan's cap
+    old.zadd(legacy + ":resv", {"req-old": 1})
+    env = {"CSTACK_REDIS_URL": billing_settings.redis_url}
+    first = CliRunner().invoke(billing_app, ["merge-legacy-budgets"], env=env)
+    assert first.exit_code == 0, first.output
+    assert first.stdout.startswith("merged ") and first.stdout.strip() != "merged 0 budget(s)"
+    assert not old.exists(legacy, legacy + ":resv")
+
+    meter = RedisMeter(billing_settings)
+    try:
+        assert (await budget(meter, org, period))["used"] == 10**15
+        with pytest.raises(AdmissionRefused, match="allowance"):
+            await meter.admit(admission_request(org=org))
+    finally:
+        await meter.aclose()
+    again = CliRunner().invoke(billing_app, ["merge-legacy-budgets"], env=env)
+    assert again.stdout.strip() == "merged 0 budget(s)"

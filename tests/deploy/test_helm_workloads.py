@@ -375,3 +375,38 @@ def test_every_rollout_worker_process_is_scraped(
     policy = find(production_manifests, "NetworkPolicy", "-workers-ingress")
     allowed = {port["port"] for rule in policy["spec"]["ingress"] for port in rule["ports"]}
     assert set(ports) <= allowed
+
+
+def test_a_redis_cluster_keeps_celery_and_the_trainer_on_a_single_redis(
+    render: Render,
+) -> None:
+    """With a Redis Cluster's URL under `key`, the gateway and billing read it, while
+    Celery (billing's worker and beat, the rollouts) and the trainer's stream use the
+    single Redis under `celeryBrokerKey`, all from the same Secret."""
+    external = {"existingSecret": "state-redis", "key": "cluster-url", "celeryBrokerKey": "broker"}
+    manifests = render(
+        {
+            **SECRET_REFERENCE,
+            "redis": {"enabled": False, "external": external},
+            "rollouts": {"enabled": True},
+            "trainer": {"enabled": True},
+        }
+    )
+
+    def redis_env(kind: str, workload: str) -> dict[str, tuple[str, str]]:
+        env = env_of(containers(find(manifests, kind, workload))[0])
+        return {
+            name: (ref["name"], ref["key"])
+            for name, entry in env.items()
+            if name in ("CSTACK_REDIS_URL", "CSTACK_CELERY_BROKER_URL")
+            for ref in [entry["valueFrom"]["secretKeyRef"]]
+        }
+
+    state, broker = ("state-redis", "cluster-url"), ("state-redis", "broker")
+    for workload in ("-gateway", "-billing-worker", "-billing-beat"):
+        assert redis_env("Deployment", workload) == {
+            "CSTACK_REDIS_URL": state,
+            "CSTACK_CELERY_BROKER_URL": broker,
+        }
+    assert redis_env("Deployment", "-rollouts") == {"CSTACK_REDIS_URL": broker}
+    assert redis_env("Job", "-trainer") == {"CSTACK_REDIS_URL": broker}

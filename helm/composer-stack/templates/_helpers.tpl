@@ -75,6 +75,30 @@ spec), or the URL in an existing Secret. redis-py and Celery read the password f
     secretKeyRef:
       name: {{ required "redis.external.existingSecret is required when redis.enabled is false" .Values.redis.external.existingSecret }}
       key: {{ .Values.redis.external.key }}
+{{- with .Values.redis.external.celeryBrokerKey }}
+- name: CSTACK_CELERY_BROKER_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ $.Values.redis.external.existingSecret }}
+      key: {{ . }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/*
+CSTACK_REDIS_URL of the training pods (rollout workers, trainer): their Celery queue and
+trajectory stream, on the single Redis of redis.external.celeryBrokerKey when the state
+Redis is a cluster, else the same Redis as the rest.
+*/}}
+{{- define "composer-stack.queueRedisEnv" -}}
+{{- if and (not .Values.redis.enabled) .Values.redis.external.celeryBrokerKey }}
+- name: CSTACK_REDIS_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ required "redis.external.existingSecret is required when redis.enabled is false" .Values.redis.external.existingSecret }}
+      key: {{ .Values.redis.external.celeryBrokerKey }}
+{{- else }}
+{{ include "composer-stack.redisEnv" . }}
 {{- end }}
 {{- end -}}
 
