@@ -70,11 +70,12 @@ app.command("beat")(beat)
 
 from training.rl.cli import rl  # noqa: E402
 from training.rollouts.cli import worker_rollouts  # noqa: E402
-from training.tasks.cli import tasks_app  # noqa: E402
+from training.tasks.cli import tasks_app, worker_tasks  # noqa: E402
 
 app.add_typer(tasks_app, name="tasks")
 app.command("rl")(rl)
 worker_app.command("rollouts")(worker_rollouts)
+worker_app.command("tasks")(worker_tasks)
 
 from training.cli import plan, train  # noqa: E402
 

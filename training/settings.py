@@ -31,6 +31,11 @@ class TrainingSettings(BaseSettings):
     rl_weight_sync_host: str = "127.0.0.1"
     rl_trajectory_stream: str = "cstack:rl:trajectories"
     rl_rollout_queue: str = "rollouts"
+    #: The queue of `cstack tasks build --celery` (one job per codebase, `cstack worker
+    #: tasks` runs them), and how long a job may go unacknowledged before another worker
+    #: gets it (a build runs a suite per candidate: hours for a big codebase).
+    tasks_build_queue: str = "tasks-build"
+    tasks_build_redeliver_s: int = 6 * 3600
     #: Hard time limit of one rollout; the broker redelivers an unacked one after
     #: ``rl_rollout_redeliver_s`` (publishing is idempotent, so a redelivery never duplicates).
     rl_rollout_time_limit_s: int = 900

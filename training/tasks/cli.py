@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-import re
-import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from training.tasks.builder import BuildConfig
+    from training.tasks.spread import Codebase, Outcome
 
 tasks_app = typer.Typer(help="Synthetic coding tasks by feature deletion.", no_args_is_help=True)
 
@@ -14,8 +19,8 @@ tasks_app = typer.Typer(help="Synthetic coding tasks by feature deletion.", no_a
 @tasks_app.command("build")
 def build(
     out: Path = typer.Option(..., "--out", help="Folder to write one sub-folder per task into."),
-    repo: Path | None = typer.Option(
-        None, "--repo", help="A Python repository whose pytest suite passes."
+    repo: list[Path] = typer.Option(
+        [], "--repo", help="A Python repository whose pytest suite passes; repeatable."
     ),
     pypi: list[str] = typer.Option(
         [], "--pypi", help="Fetch this sdist (NAME==VERSION) and build from it; repeatable."
@@ -24,46 +29,72 @@ def build(
     max_candidates: int = typer.Option(25, help="Features to try per codebase."),
     only: list[str] = typer.Option([], "--only", help="Only try these feature names."),
     timeout_s: float = typer.Option(300.0, "--timeout", help="Seconds per suite run."),
+    celery: bool = typer.Option(
+        False,
+        "--celery",
+        help="Spread the codebases over `cstack worker tasks` workers (one job each, through "
+        "CSTACK_REDIS_URL) instead of building them here; --out must be a folder the "
+        "workers share.",
+    ),
+    wait_s: float = typer.Option(
+        3600.0, "--wait", help="With --celery: give up when no build finishes for this long."
+    ),
 ) -> None:
     """Delete one testable feature at a time; keep tasks with FAIL_TO_PASS and PASS_TO_PASS."""
-    from training.tasks.builder import (
-        BuildConfig,
-        TaskBuildError,
-        build_tasks,
-        log_failed_build,
-    )
-    from training.tasks.pypi import FetchError, fetch_sdist
+    from training.tasks.builder import BuildConfig
+    from training.tasks.spread import Codebase, build_codebase
 
-    if (repo is None) == (not pypi):
-        raise typer.BadParameter("give either --repo DIR or one or more --pypi NAME==VERSION")
-    if repo is not None and not repo.is_dir():
-        raise typer.BadParameter(f"{repo} is not a directory", param_hint="--repo")
-    total, failed = 0, 0
-    with tempfile.TemporaryDirectory(prefix="cstack-fetch-") as scratch:
-        for requirement in pypi or [""]:
-            if repo is not None:
-                name = repo.resolve().name
-            else:
-                name = re.sub(r"[^A-Za-z0-9_.-]+", "_", requirement)
-            try:
-                if repo is not None:
-                    root = repo
-                else:
-                    typer.echo(f"fetching {requirement} ...")
-                    root = fetch_sdist(requirement, Path(scratch) / name)
-                config = BuildConfig(max_tasks, max_candidates, timeout_s, tuple(only), name)
-                report = build_tasks(root, out, config, log=lambda line: typer.echo(f"  {line}"))
-            except (FetchError, TaskBuildError) as err:
-                # One codebase that gives nothing does not stop the others.
-                typer.echo(f"error: {name}: {err}", err=True)
-                log_failed_build(out, name, str(err))
-                failed += 1
-                continue
-            total += len(report.tasks)
-            typer.echo(f"{name}: {len(report.tasks)} tasks, {len(report.rejected)} rejected")
+    if not repo and not pypi:
+        raise typer.BadParameter("give one or more --repo DIR or --pypi NAME==VERSION")
+    for folder in repo:
+        if not folder.is_dir():
+            raise typer.BadParameter(f"{folder} is not a directory", param_hint="--repo")
+    for number, value in (("--max-tasks", max_tasks), ("--max-candidates", max_candidates)):
+        if value < 1:
+            raise typer.BadParameter(f"must be at least 1, got {value}", param_hint=number)
+    codebases = [Codebase(repo=str(folder.resolve())) for folder in repo]
+    codebases += [Codebase(requirement=requirement) for requirement in pypi]
+    config = BuildConfig(max_tasks, max_candidates, timeout_s, tuple(only))
+    if celery:
+        results = _build_on_workers(codebases, out, config, wait_s)
+    else:
+        results = (
+            build_codebase(codebase, out, config, log=lambda line: typer.echo(f"  {line}"))
+            for codebase in codebases
+        )
+    total = failed = 0
+    for outcome in results:
+        if outcome.error:
+            typer.echo(f"error: {outcome.source}: {outcome.error}", err=True)
+            failed += 1
+        else:
+            typer.echo(f"{outcome.source}: {outcome.tasks} tasks, {outcome.rejected} rejected")
+        total += outcome.tasks
     typer.echo(f"{total} tasks written to {out}")
     if total == 0 or failed:
         raise typer.Exit(1)
+
+
+def _build_on_workers(
+    codebases: list[Codebase], out: Path, config: BuildConfig, wait_s: float
+) -> Iterator[Outcome]:
+    import redis
+
+    from training.tasks.spread import celery_app, outcomes, settings, submit
+
+    client = redis.Redis.from_url(settings.redis_url)
+    try:
+        reply_key = submit(celery_app, settings.tasks_build_queue, codebases, out, config)
+        typer.echo(f"{len(codebases)} builds queued on {settings.tasks_build_queue!r}")
+        yield from outcomes(client, reply_key, len(codebases), wait_s)
+    except redis.RedisError as exc:
+        typer.echo(
+            f"error: cannot reach Redis at CSTACK_REDIS_URL ({type(exc).__name__})", err=True
+        )
+        raise typer.Exit(1) from None
+    except TimeoutError as exc:
+        typer.echo(f"error: {exc}: is a `cstack worker tasks` running?", err=True)
+        raise typer.Exit(1) from None
 
 
 @tasks_app.command("stats")
@@ -111,3 +142,23 @@ def score(
     ):
         typer.echo(f"{name}: {sum(results.values())}/{len(results)} pass")
     typer.echo(f"reward: {task_reward(outcome):.3f}")
+
+
+def worker_tasks(
+    concurrency: int = typer.Option(1, help="Codebases built in parallel (processes)."),
+    loglevel: str = typer.Option("info", help="Celery log level."),
+) -> None:
+    """Run task-build workers: the codebases `cstack tasks build --celery` queued."""
+    from training.tasks.spread import celery_app, settings
+
+    celery_app.worker_main(
+        [
+            "worker",
+            f"--concurrency={concurrency}",
+            f"--loglevel={loglevel}",
+            f"--queues={settings.tasks_build_queue}",
+            "--pool=prefork",
+            "--without-gossip",
+            "--without-mingle",
+        ]
+    )
