@@ -29,6 +29,7 @@ from sqlalchemy import func, select
 
 from billing.consumer import UsageStreamConsumer
 from billing.events import UsageEvent
+from billing.keyspace import Keyspace
 from billing.ledger import UsageRow, make_engine, migrate
 from billing.meter import AdmissionRequest, UsageReport
 from billing.redis_meter import RedisMeter
@@ -55,19 +56,23 @@ def request(n: int) -> AdmissionRequest:
     )
 
 
-async def bench_admission(meter: RedisMeter, n: int) -> tuple[list[float], list[float]]:
+async def bench_admission(settings: BillingSettings, n: int) -> tuple[list[float], list[float]]:
+    meter = RedisMeter(settings)
     client: Redis = meter.redis
     ping, admit = [], []
-    for i in range(200):  # warm the connection and the script cache
-        await client.ping()
-        await meter.admit(request(i))
-    for i in range(n):
-        started = time.perf_counter()
-        await client.ping()
-        ping.append(time.perf_counter() - started)
-        started = time.perf_counter()
-        await meter.admit(request(i))
-        admit.append(time.perf_counter() - started)
+    try:
+        for i in range(200):  # warm the connection and the script cache
+            await client.ping()
+            await meter.admit(request(i))
+        for i in range(n):
+            started = time.perf_counter()
+            await client.ping()
+            ping.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            await meter.admit(request(i))
+            admit.append(time.perf_counter() - started)
+    finally:
+        await meter.aclose()  # on the loop its connections were made on
     return ping, admit
 
 
@@ -98,7 +103,9 @@ async def settle_many(meter: RedisMeter, n: int, concurrency: int) -> float:
 
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return time.perf_counter() - started
+    elapsed = time.perf_counter() - started
+    await meter.aclose()
+    return elapsed
 
 
 def main() -> None:
@@ -116,8 +123,7 @@ def main() -> None:
             ledger_url=f"sqlite:///{workdir / 'ledger.db'}",
             usage_spool_dir=workdir / "spool",
         )
-        meter = RedisMeter(settings)
-        ping, admit = asyncio.run(bench_admission(meter, args.admissions))
+        ping, admit = asyncio.run(bench_admission(settings, args.admissions))
         ms = 1000.0
         p50_ping, p99_ping = percentile(ping, 0.5) * ms, percentile(ping, 0.99) * ms
         p50, p99 = percentile(admit, 0.5) * ms, percentile(admit, 0.99) * ms
@@ -146,8 +152,10 @@ def main() -> None:
         consumer.ensure_group()
         done = threading.Event()
 
+        streams = Keyspace(settings.billing_shards, settings.usage_stream).usage_streams()
+
         def drain() -> None:
-            while not done.is_set() or sync.xlen(settings.usage_stream):
+            while not done.is_set() or sum(sync.xlen(stream) for stream in streams):
                 consumer.drain(max_seconds=5)
 
         started = time.perf_counter()
@@ -190,6 +198,7 @@ def main() -> None:
                 ended_at=now,
                 outcome="complete",
             )
+            # The stream of releases before sharding, which the consumer drains too.
             pipe.xadd(settings.usage_stream, {"event": backlog_event.model_dump_json()})
         pipe.execute()
         started = time.perf_counter()
@@ -197,7 +206,6 @@ def main() -> None:
             consumer.drain(max_seconds=30)
         drain_rate = args.events / (time.perf_counter() - started)
         print(f"  ledger consumer alone         {drain_rate:10.0f} events/s (backlog)")
-        asyncio.run(meter.aclose())
     finally:
         server.stop()
 
