@@ -8,17 +8,23 @@ map comes from ``CLUSTER SLOTS``, asked of any node that answers.
 What the cluster says is followed: MOVED (the slot has a new owner: a failover, a
 resharding) refreshes the map and sends the call again, which is safe as the script did
 not run; ASK (a slot half-way through migration) sends it once to the node named, after
-ASKING. A node that cannot be reached fails the call with redis-py's ConnectionError,
-which the meter treats as for a single Redis (settlements spool, admission takes the
-outage allowance), and marks the map stale: the next call asks the cluster again, at most
-every ``REFRESH_INTERVAL_S``, so that a failover is followed once a replica has taken over.
+ASKING (a call whose keys are half moved gets TRYAGAIN: the meter answers 503 or spools,
+for the moment of the move). A node that cannot be reached fails the call with
+redis-py's ConnectionError, which the meter treats as for a single Redis (settlements
+spool, admission takes the outage allowance), and marks the map stale: it is asked for
+again in the background, at most every ``REFRESH_INTERVAL_S``, from the nodes that last
+answered first, so that a failover is followed once a replica has taken over, and calls
+for the other primaries never wait for it.
 
 A primary acknowledges a write before its replicas have it, so a failover can lose the
 last writes. For settlements that would be lost money: a ``durable`` call is followed by
 a WAIT for one replica (where the slot has any), on a connection of its own so that the
 wait never holds up admissions, and a call no replica acknowledged fails with a
 TimeoutError; the meter then spools it, and its replay, idempotent by the settled
-marker, applies it on whichever node holds the slot by then.
+marker, applies it on whichever node holds the slot by then. A primary whose replica
+lags holds its durable calls up to 500 ms each, one after another on that connection:
+past ``MAX_DURABLE_IN_FLIGHT`` calls waiting there, more are spooled at once, so that
+settlements never pile up in memory.
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ MAX_REDIRECTS = 3
 REFRESH_INTERVAL_S = 0.1
 #: How long a durable call waits for a replica's acknowledgement (normally under 1 ms).
 REPLICA_TIMEOUT_MS = 500
+#: Durable calls that may wait on one primary's connection at once (each holds a batch).
+MAX_DURABLE_IN_FLIGHT = 64
 
 Node = tuple[str, int]
 
@@ -55,6 +63,8 @@ class ClusterScripts:
     one, as Redis Cluster requires of a script)."""
 
     def __init__(self, target: RedisTarget, scripts: Sequence[Script], *, timeout_s: float) -> None:
+        # Made now to check the URL's options: a node's connection is made on first use.
+        RespConnection(target.node_url, timeout_s=timeout_s)
         self._target = target
         self._scripts = list(scripts)
         self._timeout_s = timeout_s
@@ -68,6 +78,9 @@ class ClusterScripts:
         self._refreshed_at = -float("inf")
         self._refreshing: asyncio.Task[None] | None = None
         self._closing: set[asyncio.Task[None]] = set()
+        #: Nodes whose last call or map request failed: asked for the map last.
+        self._failed: set[Node] = set()
+        self._durable_in_flight: dict[Node, int] = {}
         self._closed = False
 
     async def call(
@@ -79,25 +92,55 @@ class ClusterScripts:
             node, has_replicas = await self._primary(slot)
             replicas = 1 if durable and has_replicas else 0
             try:
-                return await self._batcher(node, replicas > 0).call(
-                    script, keys, args, replicas=replicas, replica_timeout_ms=REPLICA_TIMEOUT_MS
-                )
+                return await self._send(node, replicas, script, keys, args, asking=False)
             except redis_errors.MovedError:
                 self._stale = True
                 self._refreshed_at = -float("inf")  # the cluster says where: ask it now
             except redis_errors.AskError as ask:
-                return await self._batcher((ask.host, int(ask.port)), replicas > 0).call(
-                    script,
-                    keys,
-                    args,
-                    asking=True,
-                    replicas=replicas,
-                    replica_timeout_ms=REPLICA_TIMEOUT_MS,
-                )
+                target = (ask.host, int(ask.port))
+                try:
+                    return await self._send(target, replicas, script, keys, args, asking=True)
+                except redis_errors.AskError as again:  # moved on meanwhile: try later
+                    raise redis_errors.TryAgainError(str(again)) from None
             except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError):
                 self._stale = True
+                self._failed.add(node)
                 raise
-        raise redis_errors.ClusterDownError(f"slot {slot} kept moving")
+        raise redis_errors.TryAgainError(f"slot {slot} kept moving")
+
+    async def _send(
+        self,
+        node: Node,
+        replicas: int,
+        script: Script,
+        keys: Sequence[str],
+        args: Sequence[Arg],
+        *,
+        asking: bool,
+    ) -> Any:
+        batcher = self._batcher(node, replicas > 0)
+        if not replicas:
+            reply = await batcher.call(script, keys, args, asking=asking)
+            self._failed.discard(node)
+            return reply
+        if self._durable_in_flight.get(node, 0) >= MAX_DURABLE_IN_FLIGHT:
+            raise redis_errors.TimeoutError(
+                "Timeout waiting for replica acknowledgements: too many calls waiting"
+            )
+        self._durable_in_flight[node] = self._durable_in_flight.get(node, 0) + 1
+        try:
+            reply = await batcher.call(
+                script,
+                keys,
+                args,
+                asking=asking,
+                replicas=replicas,
+                replica_timeout_ms=REPLICA_TIMEOUT_MS,
+            )
+        finally:
+            self._durable_in_flight[node] -= 1
+        self._failed.discard(node)
+        return reply
 
     def group(self, keys: Sequence[str]) -> dict[int, list[int]]:
         """Indexes of ``keys`` by slot: the calls a multi-shard batch splits into."""
@@ -107,8 +150,11 @@ class ClusterScripts:
         return groups
 
     async def _primary(self, slot: int) -> tuple[Node, bool]:
-        if self._stale or not self._ranges:
+        if not self._ranges:
             await self._refresh()
+        elif self._stale:
+            # The map in hand serves meanwhile: a call to a node that moved gets MOVED.
+            self._refresh_soon()
         at = bisect.bisect_right(self._starts, slot) - 1
         if at >= 0 and slot <= self._ranges[at][0]:
             _, node, has_replicas = self._ranges[at]
@@ -135,10 +181,18 @@ class ClusterScripts:
             )
         await asyncio.shield(refreshing)
 
+    def _refresh_soon(self) -> None:
+        wait = self._refreshed_at + REFRESH_INTERVAL_S - time.monotonic()
+        if wait > 0 or (self._refreshing is not None and not self._refreshing.done()):
+            return
+        self._refreshing = asyncio.get_running_loop().create_task(self._load_slots())
+        self._refreshing.add_done_callback(_log_refresh_failure)
+
     async def _load_slots(self) -> None:
         self._refreshed_at = time.monotonic()
         known = [node for node, _ in self._batchers]
         candidates = list(dict.fromkeys([*known, *self._target.nodes]))
+        candidates.sort(key=lambda node: node in self._failed)  # those that answered first
         last_error: Exception = redis_errors.ConnectionError("no Redis Cluster node given")
         for node in candidates:
             connection = RespConnection(self._target.url_for(*node), timeout_s=self._timeout_s)
@@ -146,6 +200,7 @@ class ClusterScripts:
                 reply = await connection.request(command(b"CLUSTER", b"SLOTS"))
             except (redis_errors.RedisError, OSError) as exc:
                 last_error = exc
+                self._failed.add(node)
                 continue
             finally:
                 await connection.aclose()
@@ -182,3 +237,8 @@ class ClusterScripts:
             self._refreshing.cancel()
         batchers, self._batchers = list(self._batchers.values()), {}
         await asyncio.gather(*(batcher.aclose() for batcher in batchers), *self._closing)
+
+
+def _log_refresh_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.warning("Redis Cluster slot map not refreshed: %s", task.exception())

@@ -1,7 +1,7 @@
 """Moves usage events from the Redis streams into the ledger, exactly once per event id.
 
-There is a usage stream per shard of billing's keys (``billing.keyspace``); a drain
-empties each in turn.
+There is a usage stream per shard of billing's keys (``billing.keyspace``); a drain reads
+them in turn, a batch from each, until all are empty.
 
 Entries are read through a consumer group and acknowledged only after the ledger commit,
 so a worker killed mid-batch leaves its entries pending; another run reclaims them with

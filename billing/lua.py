@@ -10,9 +10,13 @@ used for comparisons only (exact below 2^53 nano-USD, about $9M per org and peri
 from __future__ import annotations
 
 # Keys: 1 the API key's rate-limit hash (GCRA states of rpm and tpm), 2 org suspended,
-#       3 customer suspended.
+#       3 customer suspended, then the org's budget of the period the gateway expects:
+#       4 its hash (used, reserved), 5 its reservations' expiries, 6 their amounts.
 # Argv: 1 rpm, 2 tpm, 3 tokens, 4 worst nano, 5 period cap nano, 6 request id,
-#       7 reservation ttl s, 8 budget key prefix.
+#       7 reservation ttl s, 8 the period of keys 4-6.
+# Every key is declared (a Redis Cluster requires it, to route the call and to move the
+# keys during a resharding); so the gateway names the period, and the script answers
+# 'period' with Redis's own when they differ (a month boundary between the two clocks).
 # Few redis.call()s on purpose: each costs a few microseconds, and this runs per request.
 ADMIT = """
 local t = redis.call('TIME')
@@ -60,9 +64,10 @@ local month = mp < 10 and mp + 3 or mp - 9
 local year = yoe + era * 400
 if month <= 2 then year = year + 1 end
 local period = string.format('%04d-%02d', year, month)
-local bkey = ARGV[8] .. period
-local rkey = bkey .. ':resv'
-local akey = bkey .. ':resv-amount'
+if period ~= ARGV[8] then
+  return {'period', req[4], math.ceil(req[5]), tok[4], math.ceil(tok[5]), period}
+end
+local bkey, rkey, akey = KEYS[4], KEYS[5], KEYS[6]
 -- Release reservations whose gateway never settled them (it died mid-request).
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', rkey, '-inf', now, 'LIMIT', 0, 100)) do
   local amount = redis.call('HGET', akey, id)
@@ -97,36 +102,35 @@ return {'ok', req[3], math.ceil(req[1] - now), tok[3], math.ceil(tok[1] - now), 
 """
 
 # Settles a batch of requests (billing/settlement.py), each exactly once.
-# Keys: the settled marker of each request.
-# Argv: 1 marker ttl s, then six per request: its shard's usage stream, budget key prefix,
-#       period, request id, allowance consumed nano, event json. (A stream and budget keys
-#       come as arguments as each is the marker's shard's; on a Redis Cluster a batch holds
-#       one shard's requests, so every key it touches is in one slot.)
+# Keys: five per request: its settled marker, its shard's usage stream, and its org's
+#       budget of the period: hash, reservations' expiries, their amounts. (On a Redis
+#       Cluster a batch holds one shard's requests: every key is in one slot.)
+# Argv: 1 marker ttl s, then three per request: request id, allowance consumed nano,
+#       event json.
 # Returns, per request, 1 if this call settled it, 0 if it was settled before, or the
 # error reply that stopped it ("OOM ...", "WRONGTYPE ..."): one request's failure is not
 # the batch's. Redis refusing writes (OOM, READONLY) fails a request's first write, its
 # marker, so such a request applied nothing and can be sent again.
 SETTLE = """
-local function settle(marker, a)
-  if not redis.call('SET', marker, '1', 'NX', 'EX', ARGV[1]) then
+local function settle(k, a)
+  if not redis.call('SET', KEYS[k], '1', 'NX', 'EX', ARGV[1]) then
     return 0
   end
-  local bkey = ARGV[a + 2] .. ARGV[a + 3]
-  local akey = bkey .. ':resv-amount'
-  local amount = redis.call('HGET', akey, ARGV[a + 4])
+  local bkey, akey = KEYS[k + 2], KEYS[k + 4]
+  local amount = redis.call('HGET', akey, ARGV[a])
   if amount then
     redis.call('HINCRBY', bkey, 'reserved', '-' .. amount)
-    redis.call('HDEL', akey, ARGV[a + 4])
-    redis.call('ZREM', bkey .. ':resv', ARGV[a + 4])
+    redis.call('HDEL', akey, ARGV[a])
+    redis.call('ZREM', KEYS[k + 3], ARGV[a])
   end
-  redis.call('HINCRBY', bkey, 'used', ARGV[a + 5])
+  redis.call('HINCRBY', bkey, 'used', ARGV[a + 1])
   redis.call('EXPIRE', bkey, 70 * 86400)
-  redis.call('XADD', ARGV[a + 1], '*', 'event', ARGV[a + 6])
+  redis.call('XADD', KEYS[k + 1], '*', 'event', ARGV[a + 2])
   return 1
 end
 local outcomes = {}
-for i = 1, #KEYS do
-  local ok, result = pcall(settle, KEYS[i], (i - 1) * 6 + 1)
+for i = 1, #KEYS / 5 do
+  local ok, result = pcall(settle, (i - 1) * 5 + 1, (i - 1) * 3 + 2)
   if ok then
     outcomes[i] = result
   else

@@ -4,10 +4,14 @@
 round trip with the other requests' calls of the moment (``billing.batching``). ``settle``
 runs another (release the reservation, count the actual cost, append the usage event),
 one call for the settlements of a few milliseconds (``billing.settlement``). Reservations
-of requests in flight are renewed in the background, one call per process per third of
-their TTL (``billing.reservations``). When Redis is unreachable, settlement goes to the
-disk spool and admission refuses or admits on a bounded per-process allowance, as
-configured (``billing.outage``).
+of requests in flight are renewed in the background, every third of their TTL
+(``billing.reservations``). When Redis is unreachable, settlement goes to the disk spool
+and admission refuses or admits on a bounded per-process allowance, as configured
+(``billing.outage``).
+
+Keys are named by ``billing.keyspace``. On a Redis Cluster (``billing.cluster``) each
+call goes to the primary of its org's shard: a settlement batch and a renewal make one
+call per shard.
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ logger = logging.getLogger(__name__)
 #: Redis did not answer: settlement spools the event (replay is idempotent).
 REDIS_DOWN = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
 SETTLED_MARKER_TTL_S = 14 * 86400
+#: The settled marker of releases before sharding (their spool may still hold records).
+LEGACY_MARKER = "cstack:settled:"
 SPOOL_RESCAN_S = 10.0
 ADMIT_SCRIPT = Script(ADMIT)
 SETTLE_SCRIPT = Script(SETTLE)
@@ -56,12 +62,11 @@ def _unreachable(exc: BaseException) -> bool:
     or saturated.
 
     Only then may the local allowance admit: after a read timeout the script may have
-    run, and an exhausted pool means load, not an outage. A connect timeout sent nothing.
+    run. A connect timeout sent nothing.
     """
     if isinstance(exc, redis_errors.TimeoutError):
         return str(exc).startswith("Timeout connecting")
-    # redis-py reports an exhausted BlockingConnectionPool as a ConnectionError too.
-    return not str(exc).startswith("No connection available")
+    return True
 
 
 def _record_outcome(reply: Any) -> BaseException | None:
@@ -142,11 +147,17 @@ class RedisMeter:
             self._settle_batch, window_s=settings.settle_batch_window_ms / 1000
         )
         self._redis_answered = False
+        #: The billing period admission names its budget keys by: Redis's clock's month,
+        #: as last seen (the gateway's own until then).
+        self._period = period_of(datetime.now(UTC))
         self.reservations = ReservationKeeper(self._renew, settings.reservation_ttl_s)
-        #: The outage allowance: one for a single Redis; on a cluster one per shard, as
-        #: a failover takes some shards away while the others answer (and their answers
-        #: must not end this one's outage).
-        self._allowances: dict[str, LocalAllowance] = {}
+        self.local_allowance = LocalAllowance(
+            settings.redis_down_allowance_nano_usd, settings.redis_down_allowance_requests
+        )
+        #: Shards found unreachable in this outage (on a single Redis, the one shard ""):
+        #: a cluster's failover takes some shards away while the others answer, and the
+        #: outage (and its allowance) ends only when every one has answered again.
+        self._down_shards: set[str] = set()
         self.spool = UsageSpool(settings.usage_spool_dir)
         self._replay_lock = asyncio.Lock()
         self._next_spool_scan = 0.0
@@ -188,30 +199,38 @@ class RedisMeter:
         customer_key = self.keys.suspended_customer(request.org_id, request.customer_id or "")
         tokens = request.prompt_tokens + request.max_output_tokens
         try:
-            reply = await self._scripts.call(
-                ADMIT_SCRIPT,
-                [
-                    self.keys.ratelimit(request.org_id, request.key_id),
-                    self.keys.suspended_org(request.org_id),
-                    customer_key,
-                ],
-                [
-                    plan.rpm,
-                    plan.tpm,
-                    tokens,
-                    worst.allowance_consumed_nano,
-                    plan.period_cap_nano,
-                    request.request_id,
-                    self.settings.reservation_ttl_s,
-                    self.keys.budget_prefix(request.org_id),
-                ],
-            )
+            for _ in range(2):  # again, in Redis's period, if the two clocks' months differ
+                budget = f"{self.keys.budget_prefix(request.org_id)}{self._period}"
+                reply = await self._scripts.call(
+                    ADMIT_SCRIPT,
+                    [
+                        self.keys.ratelimit(request.org_id, request.key_id),
+                        self.keys.suspended_org(request.org_id),
+                        customer_key,
+                        budget,
+                        f"{budget}:resv",
+                        f"{budget}:resv-amount",
+                    ],
+                    [
+                        plan.rpm,
+                        plan.tpm,
+                        tokens,
+                        worst.allowance_consumed_nano,
+                        plan.period_cap_nano,
+                        request.request_id,
+                        self.settings.reservation_ttl_s,
+                        self._period,
+                    ],
+                )
+                if reply[0] != b"period":
+                    break
+                self._period = reply[5].decode()
         except REDIS_DOWN as exc:
             return self._admit_without_redis(request, worst.allowance_consumed_nano, exc)
         except redis_errors.ResponseError as exc:  # Redis refusing writes (OOM, READONLY)
             logger.warning("refused %s: Redis refused admission (%s)", request.request_id, exc)
             raise billing_unavailable() from exc
-        self._allowance(request.org_id).redis_answered()
+        self._answered(request.org_id)
         status = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
         headers = ratelimit_headers(
             rpm=plan.rpm,
@@ -268,22 +287,23 @@ class RedisMeter:
             reservation_id=reservation_id,
         )
 
-    def _allowance(self, org_id: str) -> LocalAllowance:
-        shard = self.keys.tag(org_id) if self._cluster is not None else ""
-        allowance = self._allowances.get(shard)
-        if allowance is None:
-            allowance = self._allowances[shard] = LocalAllowance(
-                self.settings.redis_down_allowance_nano_usd,
-                self.settings.redis_down_allowance_requests,
-            )
-        return allowance
+    def _shard(self, org_id: str) -> str:
+        return self.keys.tag(org_id) if self._cluster is not None else ""
+
+    def _answered(self, org_id: str) -> None:
+        """Redis answered for ``org_id``'s shard: the outage ends once none is down."""
+        if self._down_shards:
+            self._down_shards.discard(self._shard(org_id))
+        if not self._down_shards:
+            self.local_allowance.redis_answered()
 
     def _admit_without_redis(
         self, request: AdmissionRequest, worst_nano: int, exc: BaseException
     ) -> Admission:
         """Redis did not answer: refuse, or admit on this process's outage allowance."""
         if self.settings.admission_when_redis_down == "local_allowance" and _unreachable(exc):
-            if self._allowance(request.org_id).take(request.request_id, worst_nano):
+            self._down_shards.add(self._shard(request.org_id))
+            if self.local_allowance.take(request.request_id, worst_nano):
                 return Admission(request=request, reserved_nano_usd=worst_nano)
         else:
             logger.warning("refused %s: Redis did not answer (%s)", request.request_id, exc)
@@ -298,7 +318,7 @@ class RedisMeter:
             self.reservations.release(admission.reservation_id)
             period = admission.reservation_id.split("/", 1)[0]
         else:
-            self._allowance(event.org_id).settle(event.event_id, event.allowance_consumed_nano_usd)
+            self.local_allowance.settle(event.event_id, event.allowance_consumed_nano_usd)
             period = period_of(event.started_at)
         # The record is what the spool keeps if Redis is down: the event serialised once.
         record = {
@@ -314,7 +334,7 @@ class RedisMeter:
             await self.replay_spool()
 
     async def _settle_batch(self, records: list[Record]) -> list[BaseException | None]:
-        """Settle ``records`` in one script call; spool those Redis could not take
+        """Settle ``records`` (one script call, or one per shard); spool those Redis could not take
         (unreachable, or refusing writes: loading, read-only, out of memory), whose replay
         is idempotent by the settled markers. Only a record's own failure (its keys in a
         bad state) is returned, as that record's outcome; it is logged by its caller."""
@@ -325,9 +345,9 @@ class RedisMeter:
             return [None] * len(records)
         outcomes = [_record_outcome(reply) for reply in replies]
         for record, outcome in zip(records, outcomes, strict=True):
-            if not isinstance(outcome, REDIS_DOWN):
+            if not _redis_refused(outcome):
                 self._redis_answered = True
-                self._allowance(_record_org(record)).redis_answered()
+                self._answered(_record_org(record))
         refused = [i for i, outcome in enumerate(outcomes) if _redis_refused(outcome)]
         if refused:
             await self._spool([records[i] for i in refused], outcomes[refused[0]])
@@ -350,26 +370,26 @@ class RedisMeter:
         args: list[str | int] = []
         for record in records:
             org_id = _record_org(record)
-            keys.append(self.keys.settled_marker(org_id, record["event_id"]))
-            args += [
+            budget = f"{self.keys.budget_prefix(org_id)}{record['period']}"
+            keys += [
+                self.keys.settled_marker(org_id, record["event_id"]),
                 self.keys.usage_stream_of(org_id),
-                self.keys.budget_prefix(org_id),
-                record["period"],
-                record["event_id"],
-                int(record["allowance_nano_usd"]),
-                record["event"],
+                budget,
+                f"{budget}:resv",
+                f"{budget}:resv-amount",
             ]
+            args += [record["event_id"], int(record["allowance_nano_usd"]), record["event"]]
         if self._cluster is None:
             return list(
                 await self._scripts.call(SETTLE_SCRIPT, keys, [SETTLED_MARKER_TTL_S, *args])
             )
-        groups = list(self._cluster.group(keys).values())
+        groups = list(self._cluster.group(keys[0::5]).values())  # records by their slot
         sent = await asyncio.gather(
             *(
                 self._cluster.call(
                     SETTLE_SCRIPT,
-                    [keys[i] for i in group],
-                    [SETTLED_MARKER_TTL_S, *(a for i in group for a in args[6 * i : 6 * i + 6])],
+                    [k for i in group for k in keys[5 * i : 5 * i + 5]],
+                    [SETTLED_MARKER_TTL_S, *(a for i in group for a in args[3 * i : 3 * i + 3])],
                     durable=True,  # on a replica too, or spooled: a failover loses no money
                 )
                 for group in groups
@@ -385,21 +405,32 @@ class RedisMeter:
         return replies
 
     async def _renew(self, keys: list[str], args: list[str]) -> int:
-        """Push the reservations' expiries (``args``: the TTL, then a member per key)."""
+        """Push the reservations' expiries (``args``: the TTL, then a member per key). On
+        a cluster, one call per slot, all of them even if one shard is down (whose
+        failure is raised after the others are renewed)."""
         if self._cluster is None:
             return int(await self._scripts.call(RENEW_SCRIPT, keys, args))
-        renewed = 0
-        for group in self._cluster.group(keys).values():
-            members = [args[1 + i] for i in group]
-            renewed += int(
-                await self._scripts.call(
-                    RENEW_SCRIPT, [keys[i] for i in group], [args[0], *members]
+        groups = list(self._cluster.group(keys).values())
+        renewed = await asyncio.gather(
+            *(
+                self._scripts.call(
+                    RENEW_SCRIPT, [keys[i] for i in group], [args[0], *(args[1 + i] for i in group)]
                 )
-            )
-        return renewed
+                for group in groups
+            ),
+            return_exceptions=True,
+        )
+        total = 0
+        for outcome in renewed:
+            if isinstance(outcome, BaseException):
+                raise outcome
+            total += int(outcome)
+        return total
 
     async def _send_one(self, record: Record) -> None:
         """A spooled record, sent again (an error leaves it spooled)."""
+        if "org_id" not in record and await self.redis.exists(LEGACY_MARKER + record["event_id"]):
+            return  # spooled by a release before sharding, which had settled it after all
         outcome = _record_outcome((await self._send([record]))[0])
         if outcome is not None:
             raise outcome

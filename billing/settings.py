@@ -62,9 +62,6 @@ class BillingSettings(BaseSettings):
     #: Longer windows spend less gateway CPU per request; the budget is still held by the
     #: request's reservation until its settlement lands.
     settle_batch_window_ms: float = Field(default=5.0, ge=0, le=1000)
-    #: Connections per process; callers beyond it wait for one instead of opening more,
-    #: so a burst of requests cannot stampede Redis with connects.
-    redis_max_connections: int = 64
 
     #: Ledger consumer: entries per read, idle time before another consumer reclaims an
     #: entry, and deliveries after which an entry is dead-lettered.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import SecretStr
+from pydantic import SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from training.feedback import DEFAULT_FEEDBACK_FILE
@@ -19,7 +19,8 @@ class TrainingSettings(BaseSettings):
     trainer_metrics_port: int | None = None
 
     # --- RL loop (training/rl, agent, rollouts, tasks): owned by the RL engineer ---
-    #: Celery broker and trajectory stream (the same CSTACK_REDIS_URL billing reads).
+    #: Celery broker and trajectory stream (the same CSTACK_REDIS_URL billing reads, unless
+    #: that is a Redis Cluster: then a single Redis, as Celery needs).
     redis_url: str = "redis://127.0.0.1:6379/0"
     #: Where rollouts call the policy: the gateway's OpenAI-compatible API, and its key.
     rl_policy_url: str = "http://127.0.0.1:8000/v1"
@@ -47,3 +48,13 @@ class TrainingSettings(BaseSettings):
     #: its workers so rollouts and trainer read the same file.
     rl_feedback_config: Path = DEFAULT_FEEDBACK_FILE
     rl_metrics_port: int | None = None
+
+    @field_validator("redis_url")
+    @classmethod
+    def _single_redis(cls, url: str) -> str:
+        if url.split("://", 1)[0] in ("redis-cluster", "rediss-cluster"):
+            raise ValueError(
+                "names a Redis Cluster; training's Celery queues and trajectory stream need "
+                "a single Redis (redis://...): give the training processes that one"
+            )
+        return url

@@ -224,3 +224,18 @@ async def test_tokens_per_minute_count_every_prompt_and_choice(
     with pytest.raises(AdmissionRefused, match=refused_as) as refused:
         await meter.admit(request)
     assert "fewer prompts" in refused.value.message
+
+
+async def test_admission_follows_redis_month_when_the_gateway_clock_differs(
+    meter: RedisMeter,
+) -> None:
+    """Budget keys are named by the gateway (so a cluster can route them) and checked by
+    the script against Redis's clock: a gateway still in last month (clock skew at a month
+    boundary) is told Redis's month and admits into it, once."""
+    redis_month = meter._period
+    meter._period = "1999-12"  # as if this gateway's clock were behind Redis's
+    admission = await meter.admit(admission_request(org="org-skewed", prompt=100))
+    assert str(admission.reservation_id).startswith(f"{redis_month}/")
+    assert meter._period == redis_month
+    assert (await budget(meter, "org-skewed", redis_month))["reserved"] > 0
+    assert await budget(meter, "org-skewed", "1999-12") == {}
