@@ -66,7 +66,13 @@ def _unreachable(exc: BaseException) -> bool:
     """
     if isinstance(exc, redis_errors.TimeoutError):
         return str(exc).startswith("Timeout connecting")
-    return True
+    return True  # refused or dropped, or (a cluster) a slot being moved: the script did not run
+
+
+#: A cluster moving the slot of a call's keys (a resharding, a failover under way): the
+#: script did not run. Admission treats it as an outage, with its allowance, for the few
+#: moments it lasts; a settlement is spooled.
+SLOT_MOVING = (redis_errors.TryAgainError, redis_errors.ClusterDownError)
 
 
 def _record_outcome(reply: Any) -> BaseException | None:
@@ -225,7 +231,7 @@ class RedisMeter:
                 if reply[0] != b"period":
                     break
                 self._period = reply[5].decode()
-        except REDIS_DOWN as exc:
+        except (*REDIS_DOWN, *SLOT_MOVING) as exc:
             return self._admit_without_redis(request, worst.allowance_consumed_nano, exc)
         except redis_errors.ResponseError as exc:  # Redis refusing writes (OOM, READONLY)
             logger.warning("refused %s: Redis refused admission (%s)", request.request_id, exc)

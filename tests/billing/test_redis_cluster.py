@@ -364,3 +364,61 @@ async def test_an_upgrade_mid_month_keeps_each_orgs_spending(
         await meter.aclose()
     again = CliRunner().invoke(billing_app, ["merge-legacy-budgets"], env=env)
     assert again.stdout.strip() == "merged 0 budget(s)"
+
+
+@on_session_loop
+async def test_a_shard_moved_to_another_primary_mid_traffic_is_metered_exactly(
+    meter: RedisMeter, settings: BillingSettings, cluster: ValkeyCluster
+) -> None:
+    """A resharding: the slot of an org's shard migrates, key batch by key batch, to
+    another primary while the org's requests run. Calls follow ASK and MOVED; while the
+    org's keys are split between the two (TRYAGAIN), admission takes the outage allowance
+    and settlements spool. Afterwards the budget on the new primary and the ledger both
+    hold every settled request exactly once."""
+    org = f"org-resharded-{time.time_ns()}"
+    budget_key = meter.keys.budget_prefix(org)
+    source = cluster.primary_of(budget_key)
+    target = next(i for i in range(3) if i != source)
+    settled = [a.request.request_id for a in await admit_and_settle(meter, org, 5)]
+
+    async def traffic() -> None:
+        for _ in range(2):
+            request = admission_request(org=org, key=f"key-{org}", prompt=100)
+            admission = await meter.admit(request)  # never refused: allowance meanwhile
+            await meter.settle(admission, usage_for(request, completion=5))
+            settled.append(request.request_id)
+
+    with cluster.client(source) as src, cluster.client(target) as dst:
+        slot = src.execute_command("CLUSTER KEYSLOT", budget_key)
+        src_id = src.execute_command("CLUSTER MYID").decode()
+        dst_id = dst.execute_command("CLUSTER MYID").decode()
+        dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", src_id)
+        src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", dst_id)
+        await traffic()
+        while keys := src.execute_command("CLUSTER GETKEYSINSLOT", slot, 5):
+            src.execute_command(
+                "MIGRATE", "127.0.0.1", cluster.nodes[target].port, "", 0, 5000,
+                "AUTH", cluster.password, "KEYS", *keys,
+            )  # fmt: skip
+            await traffic()
+        for index in range(3):
+            with cluster.client(index) as primary:
+                primary.execute_command("CLUSTER SETSLOT", slot, "NODE", dst_id)
+    assert cluster.primary_of(budget_key) == target
+    assert meter.local_allowance.outage == 1  # the keys were split for a while: TRYAGAIN
+    settled += [a.request.request_id for a in await admit_and_settle(meter, org, 5)]
+    while meter.spool.pending_count():
+        await meter.replay_spool()
+        await asyncio.sleep(0.2)
+
+    period = time.strftime("%Y-%m", time.gmtime())
+    assert (await budget(meter, org, period))["used"] == len(settled) * COST
+    engine = ledger(settings)
+    UsageStreamConsumer(sync_client(settings.redis_url), engine, settings).drain(30)
+    with engine.connect() as connection:
+        rows = (
+            connection.execute(select(UsageRow.event_id).where(UsageRow.org_id == org))
+            .scalars()
+            .all()
+        )
+    assert sorted(rows) == sorted(settled)

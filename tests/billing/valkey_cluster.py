@@ -92,8 +92,8 @@ class ValkeyCluster:
             with self.client(index) as client:
                 slot = client.execute_command("CLUSTER KEYSLOT", key)
                 for shard in client.execute_command("CLUSTER SHARDS"):
-                    first, last = shard[b"slots"][0], shard[b"slots"][1]
-                    if first <= slot <= last:
+                    ranges = shard[b"slots"]  # first, last, first, last, ...
+                    if any(a <= slot <= b for a, b in zip(ranges[::2], ranges[1::2], strict=True)):
                         for member in shard[b"nodes"]:
                             if member[b"role"] == b"master" and member[b"health"] == b"online":
                                 port = int(member[b"port"])
