@@ -201,7 +201,7 @@ class RlSession:
             ),
             encode=lambda text: tokenizer.encode(text, add_special_tokens=False).ids,
             pad_id=tokenizer.token_to_id("<|pad|>") or 0,
-            harder=functools.partial(harder_task, c.environment),
+            harder=functools.partial(harder_task, c.environment, c.task_dir),
         )  # fmt: skip
 
     def _iterate(self, loop: RlLoop, display: _Display) -> Iterator[StepReport]:

@@ -78,11 +78,13 @@ class CodingEnvironment:
 
         task_dir = self.task_root / request.task_id
         task = load_task(task_dir)
-        prompt = (
-            f"In this repository the {task.feature.kind} `{task.feature.name}` in "
-            f"`{task.feature.path}` was removed: it raises NotImplementedError. Implement it "
-            "so that the test suite passes, then call finish."
-        )
+        removed = [task.feature, *task.also_removed]
+        named = " and the ".join(f"{f.kind} `{f.name}` in `{f.path}`" for f in removed)
+        if len(removed) == 1:
+            what = f"the {named} was removed: it raises NotImplementedError. Implement it"
+        else:
+            what = f"the {named} were removed: they raise NotImplementedError. Implement them"
+        prompt = f"In this repository {what} so that the test suite passes, then call finish."
         result = run_episode(
             policy, gate, task_dir / "repo", prompt, self.episode, task.python_paths,
             evaluate=lambda root: evaluate_sandbox(task_dir, root),
@@ -157,12 +159,19 @@ def toolchoice_available(task_id: str) -> list[str]:
     return names[: int(offered)] if offered else names
 
 
-def harder_task(environment: str, task_id: str) -> str | None:
+def harder_task(environment: str, task_root: Path, task_id: str) -> str | None:
     """The harder variant of a task, which the curriculum adds once the task is solved
-    (None: there is none). toolchoice: half as many tools offered, down to one."""
+    (None: there is none). toolchoice: half as many tools offered, down to one. coding:
+    the variant `cstack tasks build` made of it (its feature and another deleted), if it
+    is in ``task_root``."""
     if environment == "toolchoice":
         offered = len(toolchoice_available(task_id))
         return f"{task_id.partition('@')[0]}@{offered // 2}" if offered > 1 else None
+    if environment == "coding":
+        from training.tasks.builder import TASK_FILE, load_task
+
+        harder = load_task(task_root / task_id).harder
+        return harder if harder and (task_root / harder / TASK_FILE).is_file() else None
     return None
 
 

@@ -4,6 +4,10 @@ For each candidate feature: delete it in a fresh copy, run the suite, keep the t
 least one test went pass->fail (FAIL_TO_PASS) and at least one still passes
 (PASS_TO_PASS), then scrub the copy and prove with a canary scan that the deleted code
 is nowhere in it. The harness keeps the original test files outside the sandbox.
+
+Each kept task then gets a harder variant where it can: its feature and the next kept
+task's deleted together, kept if strictly more tests fail than for the task alone. The
+RL curriculum adds a variant to the draw once its task is solved.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from pathlib import Path
 from training.tasks.deletion import Candidate, canaries, candidates, delete_feature
 from training.tasks.layout import RepoLayout, discover
 from training.tasks.scrub import CanaryHit, canary_scan, installed_copy, scrub
-from training.tasks.spec import TaskSpec
+from training.tasks.spec import Feature, TaskSpec
 from training.tasks.suite import run_suite
 
 TASK_FILE = "task.json"
@@ -39,11 +43,15 @@ class BuildConfig:
     timeout_s: float = 300.0
     only: tuple[str, ...] = ()
     source_name: str = ""
+    #: Build a harder variant of each kept task (two features deleted at once).
+    harder_variants: bool = True
 
 
 @dataclass
 class BuildReport:
     tasks: list[TaskSpec] = field(default_factory=list)
+    #: Harder variants of ``tasks`` (not counted among them).
+    variants: list[TaskSpec] = field(default_factory=list)
     rejected: list[tuple[str, str]] = field(default_factory=list)
     scrubbed: list[str] = field(default_factory=list)
     baseline_passed: int = 0
@@ -106,12 +114,46 @@ def build_tasks(
                 break
             report.candidates += 1
             name = candidate.feature.name
-            reason = _try_candidate(clean, layout, candidate, baseline.passed, out, config, report)
-            if reason:
+            task_id = _task_id(config.source_name or clean.name, candidate.feature)
+            task, reason = _try_deletion(
+                clean, layout, [candidate.feature], baseline.passed, out, config, task_id
+            )
+            if task is None:
                 report.rejected.append((name, reason))
+            else:
+                report.tasks.append(task)
             log(f"{candidate.feature.kind} {candidate.feature.path}:{name}: {reason or 'kept'}")
+        if config.harder_variants and len(report.tasks) > 1:
+            _build_variants(clean, layout, baseline.passed, out, config, report, log)
     _log_build(out, config.source_name or repo.name, report)
     return report
+
+
+def _build_variants(
+    clean: Path,
+    layout: RepoLayout,
+    baseline_passed: set[str],
+    out: Path,
+    config: BuildConfig,
+    report: BuildReport,
+    log: Callable[[str], None],
+) -> None:
+    """Each kept task's harder variant: its feature and the next kept one's deleted."""
+    singles = list(report.tasks)
+    for index, single in enumerate(singles):
+        partner = singles[(index + 1) % len(singles)]
+        variant_id = f"{single.task_id}+{_slug(partner.feature.name)}"
+        variant, reason = _try_deletion(
+            clean, layout, [single.feature, partner.feature], baseline_passed, out, config,
+            variant_id, harder_than=single,
+        )  # fmt: skip
+        log(f"harder variant {variant_id}: {reason or 'kept'}")
+        if variant is None:
+            continue
+        report.variants.append(variant)
+        updated = single.model_copy(update={"harder": variant.task_id})
+        report.tasks[index] = updated
+        (out / single.task_id / TASK_FILE).write_text(updated.model_dump_json(indent=2))
 
 
 def _log_build(out: Path, source: str, report: BuildReport) -> None:
@@ -122,6 +164,7 @@ def _log_build(out: Path, source: str, report: BuildReport) -> None:
             "baseline_passed": report.baseline_passed,
             "candidates": report.candidates,
             "kept": [task.task_id for task in report.tasks],
+            "variants": [task.task_id for task in report.variants],
             "rejected": [list(pair) for pair in report.rejected],
         },
     )
@@ -143,57 +186,72 @@ def _append_build_log(out: Path, entry: dict[str, object]) -> None:
         log.write(json.dumps(entry) + "\n")
 
 
-def _task_id(source: str, candidate: Candidate) -> str:
-    raw = f"{source}__{candidate.feature.path}__{candidate.feature.name}"
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", raw.removesuffix(".py"))
+def _task_id(source: str, feature: Feature) -> str:
+    return _slug(f"{source}__{feature.path.removesuffix('.py')}__{feature.name}")
 
 
-def _try_candidate(
+def _slug(raw: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", raw)
+
+
+def _try_deletion(
     clean: Path,
     layout: RepoLayout,
-    candidate: Candidate,
+    features: list[Feature],
     baseline_passed: set[str],
     out: Path,
     config: BuildConfig,
-    report: BuildReport,
-) -> str | None:
-    """Build one task; returns why it was rejected, or None when it was kept."""
-    deletion = delete_feature(clean, candidate.feature)
+    task_id: str,
+    harder_than: TaskSpec | None = None,
+) -> tuple[TaskSpec | None, str]:
+    """Build the task that deletes ``features``: ``(task, "")`` when kept, else
+    ``(None, why)``. A harder variant must fail strictly more tests than its task."""
     with tempfile.TemporaryDirectory(prefix="cstack-cand-") as scratch:
         work = Path(scratch) / "repo"
         shutil.copytree(clean, work, symlinks=True)
-        for path, text in deletion.new_sources.items():
-            if text is None:
-                (work / path).unlink()
-            else:
-                (work / path).write_text(text)
+        deleted = []
+        for feature in features:  # each deleted from what the ones before left
+            deletion = delete_feature(work, feature)
+            for path, text in deletion.new_sources.items():
+                if text is None:
+                    (work / path).unlink()
+                else:
+                    (work / path).write_text(text)
+            deleted.append(deletion.deleted_code)
         after = run_suite(work, layout.python_paths, timeout_s=config.timeout_s)
         if after.timed_out:
-            return "suite timed out after the deletion"
+            return None, "suite timed out after the deletion"
         fail_to_pass = sorted(baseline_passed - after.passed)
         pass_to_pass = sorted(baseline_passed & after.passed)
         if not fail_to_pass:
-            return "no test goes from pass to fail"
+            return None, "no test goes from pass to fail"
         if not pass_to_pass:
-            return "no test stays passing"
-        tokens = canaries(deletion.deleted_code, _text_of(work))
+            return None, "no test stays passing"
+        if harder_than is not None and not set(fail_to_pass) > set(harder_than.fail_to_pass):
+            return None, "no more tests fail than for the task alone"
+        deleted_code = "\n".join(deleted)
+        tokens = canaries(deleted_code, _text_of(work))
         if not tokens:
-            return "deleted code has no distinctive token to scan for"
+            return None, "deleted code has no distinctive token to scan for"
         task = TaskSpec(
-            task_id=_task_id(config.source_name or clean.name, candidate),
+            task_id=task_id,
             source=config.source_name,
-            feature=candidate.feature,
+            feature=features[0],
+            also_removed=features[1:],
+            variant_of=harder_than.task_id if harder_than else None,
             fail_to_pass=fail_to_pass,
             pass_to_pass=pass_to_pass,
             test_files=layout.test_files,
             canaries=tokens,
             python_paths=layout.python_paths,
         )
-        hits = _write_task(work, clean, task, deletion.deleted_code, out)
+        hits = _write_task(work, clean, task, deleted_code, out)
     if hits:
-        return f"canary scan found {len(hits)} leaks, first {hits[0].canary!r} in {hits[0].path}"
-    report.tasks.append(task)
-    return None
+        return (
+            None,
+            f"canary scan found {len(hits)} leaks, first {hits[0].canary!r} in {hits[0].path}",
+        )
+    return task, ""
 
 
 def _write_task(

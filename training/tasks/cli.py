@@ -29,6 +29,11 @@ def build(
     max_candidates: int = typer.Option(25, help="Features to try per codebase."),
     only: list[str] = typer.Option([], "--only", help="Only try these feature names."),
     timeout_s: float = typer.Option(300.0, "--timeout", help="Seconds per suite run."),
+    harder_variants: bool = typer.Option(
+        True,
+        help="Also build each kept task's harder variant: its feature and another kept "
+        "one's deleted together (the RL curriculum adds it once the task is solved).",
+    ),
     celery: bool = typer.Option(
         False,
         "--celery",
@@ -54,7 +59,9 @@ def build(
             raise typer.BadParameter(f"must be at least 1, got {value}", param_hint=number)
     codebases = [Codebase(repo=str(folder.resolve())) for folder in repo]
     codebases += [Codebase(requirement=requirement) for requirement in pypi]
-    config = BuildConfig(max_tasks, max_candidates, timeout_s, tuple(only))
+    config = BuildConfig(
+        max_tasks, max_candidates, timeout_s, tuple(only), harder_variants=harder_variants
+    )
     if celery:
         results = _build_on_workers(codebases, out, config, wait_s)
     else:
@@ -68,7 +75,10 @@ def build(
             typer.echo(f"error: {outcome.source}: {outcome.error}", err=True)
             failed += 1
         else:
-            typer.echo(f"{outcome.source}: {outcome.tasks} tasks, {outcome.rejected} rejected")
+            typer.echo(
+                f"{outcome.source}: {outcome.tasks} tasks (+{outcome.variants} harder "
+                f"variants), {outcome.rejected} rejected"
+            )
         total += outcome.tasks
     typer.echo(f"{total} tasks written to {out}")
     if total == 0 or failed:
@@ -101,7 +111,8 @@ def _build_on_workers(
 def stats(
     tasks: Path = typer.Option(..., "--tasks", help="An output folder of `tasks build`."),
 ) -> None:
-    """Per codebase: candidates tried, tasks kept, and rejections by reason."""
+    """Per codebase: candidates tried, tasks kept (and their harder variants, "+N"), and
+    rejections by reason."""
     from training.tasks.stats import build_stats
 
     try:
@@ -115,11 +126,14 @@ def stats(
             continue
         why = "; ".join(f"{count} {kind}" for kind, count in row.rejected.most_common())
         rejected = sum(row.rejected.values())
+        kept = f"{row.kept} (+{row.variants} harder)" if row.variants else str(row.kept)
         typer.echo(
-            f"{row.source}\t{row.baseline_passed}\t{row.candidates}\t{row.kept}\t"
+            f"{row.source}\t{row.baseline_passed}\t{row.candidates}\t{kept}\t"
             f"{rejected}{f' ({why})' if why else ''}"
         )
-    typer.echo(f"total\t\t{sum(r.candidates for r in rows)}\t{sum(r.kept for r in rows)}\t"
+    variants, kept_total = sum(r.variants for r in rows), sum(r.kept for r in rows)
+    typer.echo(f"total\t\t{sum(r.candidates for r in rows)}\t"
+               f"{f'{kept_total} (+{variants} harder)' if variants else kept_total}\t"
                f"{sum(sum(r.rejected.values()) for r in rows)}")  # fmt: skip
 
 

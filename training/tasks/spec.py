@@ -27,6 +27,13 @@ class TaskSpec(BaseModel):
     task_id: str
     source: str
     feature: Feature
+    #: Features deleted besides ``feature``: a harder variant of a task, built by deleting
+    #: another kept task's feature too (more to rebuild, more tests to bring back).
+    also_removed: list[Feature] = []
+    #: The task this one is the harder variant of, and this task's own harder variant
+    #: (the curriculum adds it to the draw once this one is solved).
+    variant_of: str | None = None
+    harder: str | None = None
     fail_to_pass: list[str]
     pass_to_pass: list[str]
     test_files: list[str]

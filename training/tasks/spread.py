@@ -21,7 +21,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import cache
 from pathlib import Path
 
@@ -58,6 +58,7 @@ class Outcome:
 
     source: str
     tasks: int = 0
+    variants: int = 0
     rejected: int = 0
     error: str = ""
 
@@ -68,9 +69,7 @@ def build_codebase(
     """Fetch (for an sdist) and build one codebase into ``out``; a codebase that gives
     nothing is logged in the build log with why, and is an outcome, not an error."""
     name = codebase.name
-    config = BuildConfig(
-        config.max_tasks, config.max_candidates, config.timeout_s, config.only, name
-    )
+    config = replace(config, source_name=name)
     with tempfile.TemporaryDirectory(prefix="cstack-fetch-") as scratch:
         try:
             if codebase.repo:
@@ -82,7 +81,9 @@ def build_codebase(
         except (FetchError, TaskBuildError) as err:
             log_failed_build(out, name, str(err))
             return Outcome(name, error=str(err))
-    return Outcome(name, tasks=len(report.tasks), rejected=len(report.rejected))
+    return Outcome(
+        name, tasks=len(report.tasks), variants=len(report.variants), rejected=len(report.rejected)
+    )
 
 
 def make_celery(settings: TrainingSettings) -> Celery:

@@ -22,6 +22,8 @@ class CodebaseStats:
     baseline_passed: int
     candidates: int
     kept: int
+    #: Harder variants of the kept tasks (two features deleted), on disk.
+    variants: int = 0
     #: Rejections by reason, the reason's particulars (counts, names) left out.
     rejected: Counter[str] = field(default_factory=Counter)
     #: Why the codebase gave no tasks at all (no passing suite, an installed copy, ...).
@@ -51,6 +53,10 @@ def build_stats(tasks: Path) -> list[CodebaseStats]:
             baseline_passed=int(entry["baseline_passed"]),
             candidates=int(entry["candidates"]),
             kept=sum((Path(tasks) / task_id / TASK_FILE).is_file() for task_id in entry["kept"]),
+            variants=sum(
+                (Path(tasks) / task_id / TASK_FILE).is_file()
+                for task_id in entry.get("variants", [])
+            ),
             rejected=Counter(reason_kind(reason) for _, reason in entry["rejected"]),
             failed=entry.get("failed"),
         )

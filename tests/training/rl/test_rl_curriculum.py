@@ -54,7 +54,7 @@ def test_a_solved_task_retires_for_its_harder_variant() -> None:
     curriculum = Curriculum(
         ["tools-0", "tools-1"],
         CurriculumConfig(retire_after_groups=3),
-        harder=lambda task_id: harder_task("toolchoice", task_id),
+        harder=lambda task_id: harder_task("toolchoice", Path("."), task_id),
         seed=0,
     )
     for _ in range(12):
@@ -69,7 +69,7 @@ def test_a_solved_task_retires_for_its_harder_variant() -> None:
 
     assert toolchoice_available("tools-0") == ["name", "item", "class", "lib"]
     assert toolchoice_available("tools-0@2") == ["name", "item"]
-    assert harder_task("digits", "digits-0") is None
+    assert harder_task("digits", Path("."), "digits-0") is None
     for bad in ("tools-0@0", "tools-0@12", "tools-x", "tool-0@1"):
         with pytest.raises(ValueError, match="tools-0@2"):
             toolchoice_available(bad)

@@ -171,3 +171,44 @@ def test_stats_report_each_codebase_from_the_build_log(built: Path, tmp_path: Pa
     missing = CliRunner().invoke(tasks_app, ["stats", "--tasks", str(built)])
     assert missing.exit_code == 2
     assert "has no builds.jsonl" in " ".join(missing.output.replace("│", " ").split())
+
+
+def test_each_kept_task_gets_a_harder_variant_with_two_features_deleted(
+    tmp_path: Path,
+) -> None:
+    """A harder variant deletes its task's feature and the next kept task's: strictly
+    more tests to bring back, both features named, no leak of either; the task points at
+    it for the curriculum, and the full fix of both earns the full reward."""
+    from training.rollouts.environments import harder_task
+
+    out = tmp_path / "tasks"
+    config = BuildConfig(max_tasks=5, only=("to_roman", "slugify"), source_name="textkit")
+    report = build_tasks(FIXTURE, out, config)
+    assert sorted(t.feature.name for t in report.tasks) == ["slugify", "to_roman"]
+    assert len(report.variants) == 2
+    for variant in report.variants:
+        task = next(t for t in report.tasks if t.harder == variant.task_id)
+        assert variant.variant_of == task.task_id and variant.feature == task.feature
+        assert [f.name for f in variant.also_removed] == [
+            "slugify" if task.feature.name == "to_roman" else "to_roman"
+        ]
+        assert set(variant.fail_to_pass) > set(task.fail_to_pass)
+        assert load_task(out / task.task_id).harder == variant.task_id
+        assert harder_task("coding", out, task.task_id) == variant.task_id
+        assert harder_task("coding", out, variant.task_id) is None
+        assert canary_scan(out / variant.task_id / "repo", variant.canaries) == []
+
+    from typer.testing import CliRunner
+
+    from training.tasks.cli import tasks_app
+
+    shown = CliRunner().invoke(tasks_app, ["stats", "--tasks", str(out)])
+    assert shown.output.splitlines()[1].split("\t")[3] == "2 (+2 harder)", shown.output
+
+    variant = report.variants[0]
+    sandbox = tmp_path / "episode"
+    shutil.copytree(out / variant.task_id / "repo", sandbox)
+    assert task_reward(evaluate_sandbox(out / variant.task_id, sandbox)) == 0.0
+    for module in ("roman.py", "words.py"):
+        shutil.copy(FIXTURE / "textkit" / module, sandbox / "textkit" / module)
+    assert task_reward(evaluate_sandbox(out / variant.task_id, sandbox)) == 1.0
