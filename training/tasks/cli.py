@@ -69,7 +69,7 @@ def build(
             build_codebase(codebase, out, config, log=lambda line: typer.echo(f"  {line}"))
             for codebase in codebases
         )
-    total = failed = 0
+    total = variants = failed = 0
     for outcome in results:
         if outcome.error:
             typer.echo(f"error: {outcome.source}: {outcome.error}", err=True)
@@ -80,7 +80,8 @@ def build(
                 f"variants), {outcome.rejected} rejected"
             )
         total += outcome.tasks
-    typer.echo(f"{total} tasks written to {out}")
+        variants += outcome.variants
+    typer.echo(f"{total} tasks (+{variants} harder variants) written to {out}")
     if total == 0 or failed:
         raise typer.Exit(1)
 

@@ -81,7 +81,7 @@ def test_codebases_are_built_by_the_workers(
     assert "3 builds queued" in done.stdout
     assert "alpha: 1 tasks" in done.stdout and "beta: 1 tasks" in done.stdout
     assert "error: broken: no test passes" in done.stderr
-    assert "2 tasks written" in done.stdout
+    assert "2 tasks (+0 harder variants) written" in done.stdout
     built = sorted(path.name for path in out.iterdir() if (path / "task.json").is_file())
     assert [name.split("__")[0] for name in built] == ["alpha", "beta"]
     # Both workers took jobs (each takes one at a time; three jobs, two workers).
