@@ -27,6 +27,11 @@ from redis import exceptions as redis_errors
 from billing.resp import Arg, RespConnection, command
 
 
+class ReplicaLagging(redis_errors.TimeoutError):
+    """The primary ran the call, but no replica acknowledged its writes in time: they
+    may be lost if the primary fails now (the caller must be able to send it again)."""
+
+
 @dataclass(frozen=True)
 class Script:
     """A Lua script, called by its SHA1 (sent whole once when Redis does not know it)."""
@@ -98,7 +103,7 @@ class ScriptBatcher:
             if isinstance(acknowledged, redis_errors.RedisError):
                 raise acknowledged
             if int(acknowledged) < replicas:
-                raise redis_errors.TimeoutError(
+                raise ReplicaLagging(
                     f"Timeout waiting for {replicas} replica(s) to acknowledge the write"
                 )
         return reply

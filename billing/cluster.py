@@ -8,13 +8,15 @@ map comes from ``CLUSTER SLOTS``, asked of any node that answers.
 What the cluster says is followed: MOVED (the slot has a new owner: a failover, a
 resharding) refreshes the map and sends the call again, which is safe as the script did
 not run; ASK (a slot half-way through migration) sends it once to the node named, after
-ASKING (a call whose keys are half moved gets TRYAGAIN: the meter answers 503 or spools,
-for the moment of the move). A node that cannot be reached fails the call with
-redis-py's ConnectionError, which the meter treats as for a single Redis (settlements
-spool, admission takes the outage allowance), and marks the map stale: it is asked for
-again in the background, at most every ``REFRESH_INTERVAL_S``, from the nodes that last
-answered first, so that a failover is followed once a replica has taken over, and calls
-for the other primaries never wait for it.
+ASKING. A call touching a key not yet present in a slot being migrated gets TRYAGAIN, and
+the meter's calls always do (a suspension flag that is not set, a new settled marker): for
+the whole migration of a slot, the meter treats its shard as in an outage. A node that
+cannot be reached fails the call with redis-py's ConnectionError, which the meter treats
+as for a single Redis (settlements spool, admission takes the outage allowance), and marks
+the map stale: it is asked for again in the background, at most every
+``REFRESH_INTERVAL_S``, from the nodes that last answered first, so that a failover is
+followed once a replica has taken over, and calls for the other primaries never wait for
+it.
 
 A primary acknowledges a write before its replicas have it, so a failover can lose the
 last writes. For settlements that would be lost money: a ``durable`` call is followed by
@@ -39,7 +41,7 @@ from typing import Any
 from redis import exceptions as redis_errors
 from redis.crc import key_slot
 
-from billing.batching import Script, ScriptBatcher
+from billing.batching import ReplicaLagging, Script, ScriptBatcher
 from billing.redis_client import RedisTarget
 from billing.resp import Arg, RespConnection, command
 
@@ -88,20 +90,26 @@ class ClusterScripts:
     ) -> Any:
         """``durable``: on a replica too before it returns (where the slot has one)."""
         slot = key_slot(keys[0].encode())
+        node, has_replicas = await self._primary(slot)
         for _ in range(MAX_REDIRECTS):
-            node, has_replicas = await self._primary(slot)
             replicas = 1 if durable and has_replicas else 0
             try:
                 return await self._send(node, replicas, script, keys, args, asking=False)
-            except redis_errors.MovedError:
+            except redis_errors.MovedError as moved:
+                # The slot's owner now, as the cluster says: sent there at once, while
+                # the map is asked for again in the background.
+                node = (moved.host, int(moved.port))
                 self._stale = True
-                self._refreshed_at = -float("inf")  # the cluster says where: ask it now
+                self._refreshed_at = -float("inf")
+                self._refresh_soon()
             except redis_errors.AskError as ask:
                 target = (ask.host, int(ask.port))
                 try:
                     return await self._send(target, replicas, script, keys, args, asking=True)
                 except redis_errors.AskError as again:  # moved on meanwhile: try later
                     raise redis_errors.TryAgainError(str(again)) from None
+            except ReplicaLagging:
+                raise  # the primary answered: nothing about the map to learn
             except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError):
                 self._stale = True
                 self._failed.add(node)
@@ -124,7 +132,7 @@ class ClusterScripts:
             self._failed.discard(node)
             return reply
         if self._durable_in_flight.get(node, 0) >= MAX_DURABLE_IN_FLIGHT:
-            raise redis_errors.TimeoutError(
+            raise ReplicaLagging(
                 "Timeout waiting for replica acknowledgements: too many calls waiting"
             )
         self._durable_in_flight[node] = self._durable_in_flight.get(node, 0) + 1
@@ -171,9 +179,7 @@ class ClusterScripts:
         return batcher
 
     async def _refresh(self) -> None:
-        wait = self._refreshed_at + REFRESH_INTERVAL_S - time.monotonic()
-        if self._ranges and wait > 0:
-            return  # refreshed a moment ago: keep the map until the interval is over
+        """Wait for a map (there is none yet): one request at a time, shared."""
         refreshing = self._refreshing
         if refreshing is None or refreshing.done():
             refreshing = self._refreshing = asyncio.get_running_loop().create_task(

@@ -4,8 +4,9 @@ Without Redis there is no shared budget to check, so each process may admit requ
 its own allowance: at most ``requests`` requests, and at most ``nano_usd`` of worst-case
 cost for the requests in flight plus actual cost for those finished (a finished request
 gives back what it did not use). An outage starts at the first admission that finds Redis
-unreachable and ends when Redis answers again; the next outage starts with a full
-allowance. So while Redis is down an org can go over its budget by at most one request's
+unreachable and ends when Redis answers again (on a Redis Cluster: when every shard found
+unreachable, or in the middle of a move, has answered again); the next outage starts
+with a full allowance. So while Redis is down an org can go over its budget by at most one request's
 worst case plus (gateway processes x allowance), and the usage of every request admitted
 meanwhile reaches the ledger through the disk spool.
 """

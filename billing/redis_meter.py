@@ -70,8 +70,8 @@ def _unreachable(exc: BaseException) -> bool:
 
 
 #: A cluster moving the slot of a call's keys (a resharding, a failover under way): the
-#: script did not run. Admission treats it as an outage, with its allowance, for the few
-#: moments it lasts; a settlement is spooled.
+#: script did not run. Admission treats it as an outage of that shard, with its
+#: allowance, for as long as it lasts; a settlement is spooled.
 SLOT_MOVING = (redis_errors.TryAgainError, redis_errors.ClusterDownError)
 
 
@@ -97,8 +97,16 @@ REFUSING_WRITES = (
 )
 
 
+class _ShardFailed(Exception):
+    """A shard's settle call failed as a whole (not one record's own error): ``cause``."""
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
 def _redis_refused(outcome: BaseException | None) -> bool:
-    return isinstance(outcome, REFUSING_WRITES)
+    return isinstance(outcome, (*REFUSING_WRITES, _ShardFailed))
 
 
 def billing_unavailable() -> AdmissionRefused:
@@ -231,6 +239,8 @@ class RedisMeter:
                 if reply[0] != b"period":
                     break
                 self._period = reply[5].decode()
+            else:  # the month turned between the two calls: no admission without its check
+                raise billing_unavailable()
         except (*REDIS_DOWN, *SLOT_MOVING) as exc:
             return self._admit_without_redis(request, worst.allowance_consumed_nano, exc)
         except redis_errors.ResponseError as exc:  # Redis refusing writes (OOM, READONLY)
@@ -407,7 +417,10 @@ class RedisMeter:
             if isinstance(reply, BaseException) and not isinstance(reply, Exception):
                 raise reply
             for position, i in enumerate(group):
-                replies[i] = reply if isinstance(reply, Exception) else reply[position]
+                # A shard's call that failed as a whole is spooled, as on a single Redis.
+                replies[i] = (
+                    _ShardFailed(reply) if isinstance(reply, Exception) else reply[position]
+                )
         return replies
 
     async def _renew(self, keys: list[str], args: list[str]) -> int:
@@ -435,11 +448,15 @@ class RedisMeter:
 
     async def _send_one(self, record: Record) -> None:
         """A spooled record, sent again (an error leaves it spooled)."""
-        if "org_id" not in record and await self.redis.exists(LEGACY_MARKER + record["event_id"]):
+        legacy = "org_id" not in record and self._cluster is None  # (never on a cluster)
+        if legacy and await self.redis.exists(LEGACY_MARKER + record["event_id"]):
             return  # spooled by a release before sharding, which had settled it after all
         outcome = _record_outcome((await self._send([record]))[0])
+        if isinstance(outcome, _ShardFailed):
+            raise outcome.cause
         if outcome is not None:
             raise outcome
+        self._answered(_record_org(record))
 
     async def replay_spool(self) -> int:
         """Send every spooled event (this process's and any dead process's) to Redis."""

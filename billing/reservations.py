@@ -1,9 +1,10 @@
-"""Keeping the reservations of requests in flight alive, one Redis call per process per tick.
+"""Keeping the reservations of requests in flight alive, in few Redis calls per process a tick.
 
 A reservation expires ``reservation_ttl_s`` after it was made or last renewed: that is how
 the budget gets back what a dead gateway held. A request may run longer than the TTL (a
 long stream), so each process renews the reservations of its requests in flight every
-third of the TTL, all of them in one script call, until they are settled. The request
+third of the TTL, in script calls of up to ``RENEW_BATCH`` (on a Redis Cluster, one per
+shard), until they are settled; one call's failure does not stop the others. The request
 path only adds an entry at admission and removes it at settlement: no Redis round trip.
 """
 
@@ -67,14 +68,20 @@ class ReservationKeeper:
                 del self._held[reservation_id]
         entries = list(self._held.values())
         renewed = 0
+        failure: Exception | None = None
         for start in range(0, len(entries), RENEW_BATCH):
             batch = entries[start : start + RENEW_BATCH]
-            renewed += int(
-                await self._renew(
-                    [held.key for held in batch],
-                    [str(self.ttl_s), *(held.member for held in batch)],
+            try:
+                renewed += int(
+                    await self._renew(
+                        [held.key for held in batch],
+                        [str(self.ttl_s), *(held.member for held in batch)],
+                    )
                 )
-            )
+            except Exception as exc:  # the other batches are renewed all the same
+                failure = failure or exc
+        if failure is not None:
+            raise failure
         return renewed
 
     async def _run(self) -> None:

@@ -28,7 +28,8 @@ class BillingSettings(BaseSettings):
     celery_broker_url: str = ""
     #: Shards of billing's keys (each with its usage stream): an org's keys are on one,
     #: all in one Redis Cluster hash slot. Fixed for a deployment's life: changing it
-    #: moves orgs away from their budgets.
+    #: moves orgs away from their budgets. More shards spread a cluster finer and make
+    #: each slot quicker to migrate (its orgs are on the outage allowance meanwhile).
     billing_shards: int = Field(default=16, ge=1, le=1024)
     #: The versioned price book (prices, plans, promotions).
     pricebook_path: Path = DEFAULT_PRICEBOOK_PATH
@@ -44,8 +45,9 @@ class BillingSettings(BaseSettings):
     #: gateway renews its requests' reservations every third of it while they run.
     reservation_ttl_s: int = Field(default=900, ge=1)
     #: What admission does while Redis is unreachable (refused or dropped connections, or a
-    #: connect timeout): ``fail_closed`` refuses every request with a 503; ``local_allowance``
-    #: lets each gateway admit up to the two budgets below per outage (an outage
+    #: connect timeout; on a Redis Cluster also a shard whose slot is being moved):
+    #: ``fail_closed`` refuses every request with a 503; ``local_allowance`` lets each
+    #: gateway admit up to the two budgets below per outage (an outage
     #: ends when Redis answers again), then refuses with a 503. Usage admitted meanwhile
     #: reaches the ledger through the disk spool either way. A Redis that accepted a command
     #: and then timed out always fails closed: the script may have run.

@@ -91,9 +91,9 @@ def _build_on_workers(
 ) -> Iterator[Outcome]:
     import redis
 
-    from training.tasks.spread import celery_app, outcomes, settings, submit
+    from training.tasks.spread import celery_app, outcomes, outcomes_client, settings, submit
 
-    client = redis.Redis.from_url(settings.redis_url)
+    client = outcomes_client(settings.redis_url)
     try:
         reply_key = submit(celery_app, settings.tasks_build_queue, codebases, out, config)
         typer.echo(f"{len(codebases)} builds queued on {settings.tasks_build_queue!r}")

@@ -128,6 +128,11 @@ def _log(line: str) -> None:
     celery_app.log.get_default_logger().info(line)
 
 
+def outcomes_client(url: str) -> redis.Redis:
+    """A client for ``outcomes``: its socket timeout outlasts each wait on the list."""
+    return redis.Redis.from_url(url, socket_timeout=30, socket_connect_timeout=10)
+
+
 def submit(
     app: Celery, queue: str, codebases: list[Codebase], out: Path, config: BuildConfig
 ) -> str:
@@ -156,5 +161,7 @@ def outcomes(
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"no build finished in {timeout_s:.0f}s")
-            reply = client.blpop([reply_key], timeout=min(5.0, max(1.0, left)))
+            # Whole seconds, well under the client's socket timeout (``outcomes_client``):
+            # a reply Redis sends must be read, or the outcome it popped would be lost.
+            reply = client.blpop([reply_key], timeout=int(min(5, max(1, left))))
         yield Outcome(**json.loads(reply[1]))
