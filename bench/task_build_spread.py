@@ -1,0 +1,101 @@
+"""Task builds spread over Celery workers: the same codebases built by 1 and by N workers.
+
+One run starts an embedded Valkey, then for each worker count: that many `cstack worker
+tasks` processes (one build each at a time), `cstack tasks build --celery` over the given
+codebases into a fresh folder, and the wall time until its last outcome. It prints the
+times and the speed-up, and checks that both builds kept the same tasks.
+
+    .venv/bin/python bench/task_build_spread.py --workers 2 \\
+        --pypi inflection==0.5.1 --pypi toolz==1.2.0 --pypi termcolor==2.5.0 \\
+        --pypi isodate==0.7.2
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from serving.valkey import start_valkey
+from training.tasks.pypi import fetch_sdist
+
+CSTACK = [sys.executable, "-m", "deploy.cli"]
+
+
+def build(
+    env: dict[str, str], workers: int, codebases: list[str], out: Path, extra: list[str]
+) -> float:
+    logs = Path(tempfile.mkdtemp(prefix="cstack-spread-"))
+    processes = [
+        subprocess.Popen(
+            [*CSTACK, "worker", "tasks"],
+            env=env, stdout=(logs / f"worker-{i}.log").open("wb"), stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        for i in range(workers)
+    ]  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not all("ready." in (logs / f"worker-{i}.log").read_text() for i in range(workers)):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"workers never got ready; logs in {logs}")
+            time.sleep(0.2)
+        command = [*CSTACK, "tasks", "build", "--celery", "--out", str(out), *extra]
+        for codebase in codebases:
+            command += ["--pypi", codebase]
+        started = time.monotonic()
+        done = subprocess.run(command, env=env, capture_output=True, text=True)
+        elapsed = time.monotonic() - started
+        print(done.stdout.strip().splitlines()[-1], done.stderr.strip(), sep="\n")
+        return elapsed
+    finally:
+        for process in processes:
+            os.killpg(process.pid, signal.SIGTERM)
+        for process in processes:
+            process.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pypi", action="append", required=True, help="NAME==VERSION")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--max-tasks", type=int, default=3)
+    parser.add_argument("--max-candidates", type=int, default=6)
+    args = parser.parse_args()
+    extra = [
+        "--max-tasks", str(args.max_tasks), "--max-candidates", str(args.max_candidates),
+        "--no-harder-variants",
+    ]  # fmt: skip
+    with tempfile.TemporaryDirectory() as scratch:  # pip's cache warm for both runs
+        for codebase in args.pypi:
+            fetch_sdist(codebase, Path(scratch) / codebase)
+    server = start_valkey()
+    try:
+        times, kept = {}, {}
+        for workers in (1, args.workers):
+            out = Path(tempfile.mkdtemp(prefix="cstack-spread-out-"))
+            env = {
+                **os.environ,
+                "CSTACK_REDIS_URL": server.connection_url,
+                "CSTACK_TASKS_BUILD_QUEUE": f"tasks-build-{uuid.uuid4().hex[:8]}",
+            }
+            times[workers] = build(env, workers, args.pypi, out, extra)
+            kept[workers] = sorted(p.name for p in out.iterdir() if (p / "task.json").is_file())
+        if kept[1] != kept[args.workers]:
+            raise SystemExit("the two builds kept different tasks")
+        print(f"{len(args.pypi)} codebases, {len(kept[1])} tasks, {os.cpu_count()} CPUs")
+        for workers, seconds in times.items():
+            print(f"  {workers} worker(s): {seconds:6.1f} s")
+        print(f"  speed-up with {args.workers}: x{times[1] / times[args.workers]:.2f}")
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
