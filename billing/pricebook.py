@@ -12,6 +12,7 @@ import itertools
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from fractions import Fraction
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -69,9 +70,14 @@ class Promotion:
     usage_multiplier: Fraction
 
     def applies(self, model: str, at: datetime) -> bool:
-        return self.starts_at <= at < self.ends_at and any(
-            fnmatch.fnmatchcase(model, pattern) for pattern in self.models
-        )
+        return self.starts_at <= at < self.ends_at and _matches(model, self.models)
+
+
+@lru_cache(maxsize=1024)
+def _matches(model: str, patterns: tuple[str, ...]) -> bool:
+    """Whether ``model`` matches one of the patterns (remembered: every admission and
+    settlement asks, for the few models served)."""
+    return any(fnmatch.fnmatchcase(model, pattern) for pattern in patterns)
 
 
 @dataclass(frozen=True)
