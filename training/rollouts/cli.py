@@ -11,15 +11,6 @@ def worker_rollouts(
 ) -> None:
     """Run rollout workers: episodes through the policy API, trajectories to Redis."""
     from training.rollouts.worker import celery_app, settings
+    from training.work_queue import run_worker
 
-    celery_app.worker_main(
-        [
-            "worker",
-            f"--concurrency={concurrency}",
-            f"--loglevel={loglevel}",
-            f"--queues={settings.rl_rollout_queue}",
-            "--pool=prefork",
-            "--without-gossip",
-            "--without-mingle",
-        ]
-    )
+    run_worker(celery_app, settings.rl_rollout_queue, concurrency, loglevel)

@@ -31,6 +31,7 @@ from training.rollouts.metrics import REWARD, ROLLOUTS
 from training.rollouts.publish import TrajectoryPublisher
 from training.rollouts.request import RolloutRequest
 from training.settings import TrainingSettings
+from training.work_queue import work_queue_app
 
 logger = logging.getLogger(__name__)
 
@@ -42,19 +43,12 @@ TRANSIENT = (
 
 
 def make_celery(settings: TrainingSettings) -> Celery:
-    app = Celery("cstack-rollouts", broker=settings.redis_url)
-    app.conf.update(
-        task_default_queue=settings.rl_rollout_queue,
-        task_ignore_result=True,
-        task_acks_late=True,
-        task_reject_on_worker_lost=True,
-        worker_prefetch_multiplier=1,
-        broker_connection_retry_on_startup=True,
-        broker_transport_options={"visibility_timeout": settings.rl_rollout_redeliver_s},
+    return work_queue_app(
+        "cstack-rollouts", settings.redis_url, settings.rl_rollout_queue,
+        redeliver_s=settings.rl_rollout_redeliver_s,
         task_time_limit=settings.rl_rollout_time_limit_s + 30,
         task_soft_time_limit=settings.rl_rollout_time_limit_s,
-    )
-    return app
+    )  # fmt: skip
 
 
 settings = TrainingSettings()

@@ -165,15 +165,6 @@ def worker_tasks(
 ) -> None:
     """Run task-build workers: the codebases `cstack tasks build --celery` queued."""
     from training.tasks.spread import celery_app, settings
+    from training.work_queue import run_worker
 
-    celery_app.worker_main(
-        [
-            "worker",
-            f"--concurrency={concurrency}",
-            f"--loglevel={loglevel}",
-            f"--queues={settings.tasks_build_queue}",
-            "--pool=prefork",
-            "--without-gossip",
-            "--without-mingle",
-        ]
-    )
+    run_worker(celery_app, settings.tasks_build_queue, concurrency, loglevel)

@@ -31,6 +31,7 @@ from celery import Celery
 from training.settings import TrainingSettings
 from training.tasks.builder import BuildConfig, TaskBuildError, build_tasks, log_failed_build
 from training.tasks.pypi import FetchError, fetch_sdist
+from training.work_queue import work_queue_app
 
 BUILD_TASK = "tasks.build_codebase"
 #: How long a build's outcomes wait in Redis for the command that asked for them.
@@ -87,19 +88,12 @@ def build_codebase(
 
 
 def make_celery(settings: TrainingSettings) -> Celery:
-    app = Celery("cstack-tasks", broker=settings.redis_url)
-    app.conf.update(
-        task_default_queue=settings.tasks_build_queue,
-        task_ignore_result=True,
-        task_acks_late=True,
-        task_reject_on_worker_lost=True,
-        worker_prefetch_multiplier=1,
-        broker_connection_retry_on_startup=True,
-        # A build runs a suite per candidate: hours for a big codebase. Redelivered only
-        # after this long without an acknowledgement (or at once if its worker is lost).
-        broker_transport_options={"visibility_timeout": settings.tasks_build_redeliver_s},
-    )
-    return app
+    # A build runs a suite per candidate: hours for a big codebase. Redelivered only
+    # after this long without an acknowledgement (or at once if its worker is lost).
+    return work_queue_app(
+        "cstack-tasks", settings.redis_url, settings.tasks_build_queue,
+        redeliver_s=settings.tasks_build_redeliver_s,
+    )  # fmt: skip
 
 
 settings = TrainingSettings()

@@ -1,0 +1,44 @@
+"""The Celery apps of training's workers (rollouts, task builds): made and run one way.
+
+Their jobs are long (an episode, a codebase's whole build) and must not be lost, so each
+is acknowledged only once done (a worker killed mid-job leaves it to be delivered again,
+at once if the broker sees the worker go, else after ``redeliver_s``), and a worker
+process takes one job at a time (no prefetching ahead of a long one).
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+
+def work_queue_app(
+    name: str, broker: str, queue: str, *, redeliver_s: int, **conf: object
+) -> Celery:
+    """An app whose jobs go to ``queue`` on ``broker``; ``conf``: Celery settings on top."""
+    app = Celery(name, broker=broker)
+    app.conf.update(
+        task_default_queue=queue,
+        task_ignore_result=True,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={"visibility_timeout": redeliver_s},
+        **conf,
+    )
+    return app
+
+
+def run_worker(app: Celery, queue: str, concurrency: int, loglevel: str) -> None:
+    """Run a worker of ``app`` on ``queue`` in this process, with ``concurrency`` children."""
+    app.worker_main(
+        [
+            "worker",
+            f"--concurrency={concurrency}",
+            f"--loglevel={loglevel}",
+            f"--queues={queue}",
+            "--pool=prefork",
+            "--without-gossip",
+            "--without-mingle",
+        ]
+    )
