@@ -6,17 +6,17 @@ call goes whole to one primary, on that primary's pipelined connection
 map comes from ``CLUSTER SLOTS``, asked of any node that answers.
 
 What the cluster says is followed: MOVED (the slot has a new owner: a failover, a
-resharding) refreshes the map and sends the call again, which is safe as the script did
-not run; ASK (a slot half-way through migration) sends it once to the node named, after
-ASKING. A call touching a key not yet present in a slot being migrated gets TRYAGAIN, and
-the meter's calls always do (a suspension flag that is not set, a new settled marker): for
-the whole migration of a slot, the meter treats its shard as in an outage. A node that
-cannot be reached fails the call with redis-py's ConnectionError, which the meter treats
-as for a single Redis (settlements spool, admission takes the outage allowance), and marks
-the map stale: it is asked for again in the background, at most every
-``REFRESH_INTERVAL_S``, from the nodes that last answered first, so that a failover is
-followed once a replica has taken over, and calls for the other primaries never wait for
-it.
+resharding) sends the call again to the node named, which is safe as the script did not
+run, and has the map asked for again in the background; ASK (a slot half-way through
+migration) sends it once to the node named, after ASKING. A call touching a key not yet
+present in a slot being migrated gets TRYAGAIN, and the meter's calls always do (a
+suspension flag that is not set, a new settled marker): for the whole migration of a slot,
+the meter treats its shard as in an outage. A node that cannot be reached fails the call
+with redis-py's ConnectionError, which the meter treats as for a single Redis (settlements
+spool, admission takes the outage allowance), and marks the map stale: it is asked for
+again in the background, at most every ``REFRESH_INTERVAL_S``, from the nodes that last
+answered first, so that a failover is followed once a replica has taken over, and calls
+for the other primaries never wait for it.
 
 A primary acknowledges a write before its replicas have it, so a failover can lose the
 last writes. For settlements that would be lost money: a ``durable`` call is followed by
@@ -97,13 +97,14 @@ class ClusterScripts:
                 return await self._send(node, replicas, script, keys, args, asking=False)
             except redis_errors.MovedError as moved:
                 # The slot's owner now, as the cluster says: sent there at once, while
-                # the map is asked for again in the background.
-                node = (moved.host, int(moved.port))
+                # the map is asked for again in the background. (No host: the node that
+                # answered's, as for a cluster that announces no endpoints.)
+                node = (moved.host or node[0], int(moved.port))
                 self._stale = True
                 self._refreshed_at = -float("inf")
                 self._refresh_soon()
             except redis_errors.AskError as ask:
-                target = (ask.host, int(ask.port))
+                target = (ask.host or node[0], int(ask.port))
                 try:
                     return await self._send(target, replicas, script, keys, args, asking=True)
                 except redis_errors.AskError as again:  # moved on meanwhile: try later

@@ -350,10 +350,12 @@ class RedisMeter:
             await self.replay_spool()
 
     async def _settle_batch(self, records: list[Record]) -> list[BaseException | None]:
-        """Settle ``records`` (one script call, or one per shard); spool those Redis could not take
-        (unreachable, or refusing writes: loading, read-only, out of memory), whose replay
-        is idempotent by the settled markers. Only a record's own failure (its keys in a
-        bad state) is returned, as that record's outcome; it is logged by its caller."""
+        """Settle ``records`` (one script call, or one per shard); spool those Redis could not
+        take (unreachable, refusing writes: loading, read-only, out of memory; on a cluster
+        also a shard's call that failed as a whole, a slot moving, a replica not
+        acknowledging), whose replay is idempotent by the settled markers. Only a record's
+        own failure (its keys in a bad state) is returned, as that record's outcome; it is
+        logged by its caller."""
         try:
             replies = await self._send(records)
         except (*REDIS_DOWN, redis_errors.ResponseError) as exc:
@@ -380,8 +382,8 @@ class RedisMeter:
 
     async def _send(self, records: list[Record]) -> list[Any]:
         """Settle ``records`` (each at most once, by its marker): one script call, or on a
-        cluster one per shard. A shard that could not be reached fails only its records:
-        their outcome is the error."""
+        cluster one per shard. A shard's call that failed as a whole fails only its
+        records: their outcome is that error, as ``_ShardFailed`` (spooled)."""
         keys: list[str] = []
         args: list[str | int] = []
         for record in records:
@@ -448,7 +450,8 @@ class RedisMeter:
 
     async def _send_one(self, record: Record) -> None:
         """A spooled record, sent again (an error leaves it spooled)."""
-        legacy = "org_id" not in record and self._cluster is None  # (never on a cluster)
+        # A cluster never ran the release before sharding, so holds none of its markers.
+        legacy = "org_id" not in record and self._cluster is None
         if legacy and await self.redis.exists(LEGACY_MARKER + record["event_id"]):
             return  # spooled by a release before sharding, which had settled it after all
         outcome = _record_outcome((await self._send([record]))[0])

@@ -1,9 +1,10 @@
 """The Celery apps of training's workers (rollouts, task builds): made and run one way.
 
 Their jobs are long (an episode, a codebase's whole build) and must not be lost, so each
-is acknowledged only once done (a worker killed mid-job leaves it to be delivered again,
-at once if the broker sees the worker go, else after ``redeliver_s``), and a worker
-process takes one job at a time (no prefetching ahead of a long one).
+is acknowledged only once done: a job whose worker process dies is handed back at once by
+the worker that ran it, and one whose whole worker is gone is delivered again after
+``redeliver_s`` without an acknowledgement. A worker process takes one job at a time (no
+prefetching ahead of a long one).
 """
 
 from __future__ import annotations

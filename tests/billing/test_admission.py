@@ -206,6 +206,29 @@ async def test_renewal_stops_after_the_requests_maximum_duration(
         await meter.aclose()
 
 
+async def test_one_failed_renewal_call_does_not_stop_the_others(
+    meter: RedisMeter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Renewals go in batches (one per shard on a cluster): a batch whose call fails is
+    reported after the others were renewed, not before."""
+    import redis.exceptions
+
+    monkeypatch.setattr("billing.reservations.RENEW_BATCH", 1)
+    broken = await meter.admit(admission_request(org="org-renew-a", plan="tiny"))
+    healthy = await meter.admit(admission_request(org="org-renew-b", plan="tiny"))
+    period = str(broken.reservation_id).split("/")[0]
+    broken_key = meter.keys.budget_prefix("org-renew-a") + period + ":resv"
+    healthy_key = meter.keys.budget_prefix("org-renew-b") + period + ":resv"
+    before = await meter.redis.zscore(healthy_key, healthy.request.request_id)
+    await meter.redis.delete(broken_key)
+    await meter.redis.set(broken_key, "not a sorted set")  # its renewal fails: WRONGTYPE
+    await asyncio.sleep(0.01)
+    with pytest.raises(redis.exceptions.ResponseError, match="WRONGTYPE"):
+        await meter.reservations.renew_now()
+    after = await meter.redis.zscore(healthy_key, healthy.request.request_id)
+    assert before is not None and after is not None and after > before
+
+
 @pytest.mark.parametrize(
     ("prompt", "max_output", "refused_as"),
     [(100, 50, None), (100, 20_000, "more than the key's limit")],
