@@ -30,14 +30,14 @@ def work_queue_app(
     return app
 
 
-def run_worker(app: Celery, queue: str, concurrency: int, loglevel: str) -> None:
-    """Run a worker of ``app`` on ``queue`` in this process, with ``concurrency`` children."""
+def run_worker(app: Celery, concurrency: int, loglevel: str) -> None:
+    """Run a worker of ``app`` on its queue in this process, with ``concurrency`` children."""
     app.worker_main(
         [
             "worker",
             f"--concurrency={concurrency}",
             f"--loglevel={loglevel}",
-            f"--queues={queue}",
+            f"--queues={app.conf.task_default_queue}",
             "--pool=prefork",
             "--without-gossip",
             "--without-mingle",

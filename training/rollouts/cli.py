@@ -10,7 +10,7 @@ def worker_rollouts(
     loglevel: str = typer.Option("info", help="Celery log level."),
 ) -> None:
     """Run rollout workers: episodes through the policy API, trajectories to Redis."""
-    from training.rollouts.worker import celery_app, settings
+    from training.rollouts.worker import celery_app
     from training.work_queue import run_worker
 
-    run_worker(celery_app, settings.rl_rollout_queue, concurrency, loglevel)
+    run_worker(celery_app, concurrency, loglevel)

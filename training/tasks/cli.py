@@ -164,7 +164,7 @@ def worker_tasks(
     loglevel: str = typer.Option("info", help="Celery log level."),
 ) -> None:
     """Run task-build workers: the codebases `cstack tasks build --celery` queued."""
-    from training.tasks.spread import celery_app, settings
+    from training.tasks.spread import celery_app
     from training.work_queue import run_worker
 
-    run_worker(celery_app, settings.tasks_build_queue, concurrency, loglevel)
+    run_worker(celery_app, concurrency, loglevel)
