@@ -149,7 +149,8 @@ class Forwarder:
 
     def kill(self) -> None:
         self.process.kill()
-        self.process.wait(timeout=10)
+        # Generous: a loaded CI machine has been seen to take over 10 s to reap it.
+        self.process.wait(timeout=60)
 
 
 class RecordingMeter(UnmeteredMeter):
