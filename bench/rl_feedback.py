@@ -72,7 +72,8 @@ def _arm(args: argparse.Namespace, seed: int, feedback: bool) -> list[dict[str, 
     out = Path(args.out) / f"seed-{seed}" / ("feedback" if feedback else "no-feedback")
     flags = [
         "--steps", str(args.steps), "--environment", args.environment, "--seed", str(seed),
-        "--max-tokens", str(args.max_tokens), "--lr", str(args.lr),
+        "--max-tokens", str(args.max_tokens),
+        *(["--lr", str(args.lr)] if args.lr is not None else []),
         "--group-size", str(args.group_size), "--groups-per-step", str(args.groups_per_step),
         "--feedback" if feedback else "--no-feedback",
     ]  # fmt: skip
@@ -115,7 +116,7 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=None, help="start checkpoint")
     parser.add_argument("--seeds", default="0", help="comma-separated; both arms per seed")
     parser.add_argument("--max-tokens", type=int, default=4)
-    parser.add_argument("--lr", type=float, default=0.02)
+    parser.add_argument("--lr", type=float, help="Muon learning rate (default: cstack rl's)")
     parser.add_argument("--kl-coef", type=float, default=None, help="hint-KL coefficient")
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--groups-per-step", type=int, default=2)

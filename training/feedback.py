@@ -80,7 +80,7 @@ class TextFeedbackConfig:
     """
 
     enabled: bool = True
-    kl_coef: float = 0.1
+    kl_coef: float = 3.0
     kl_normalisation: KlNormalisation = "token"
     hint_template: str = "<|im_start|>system\n{hint}<|im_end|>\n"
     generation_prompt: str = "<|im_start|>assistant\n"

@@ -145,7 +145,11 @@ class SessionConfig:
     model: Path | None = option(None, "HF checkpoint to start from (default: tiny).")
     workers: int = option(1, "Rollout worker processes.")
     max_tokens: int = option(32, "Max tokens per model turn.")
-    lr: float = option(0.02, "Muon learning rate (AdamW parts: lr / 10).")
+    lr: float = option(
+        0.005, "Muon learning rate (AdamW parts: lr / 10). 0.005: measured on toolchoice, "
+        "the policy still reads hints there, so the hint-KL teacher stays a teacher (at "
+        "0.02 RL erased it within 20 steps and text feedback hurt).",
+    )  # fmt: skip
     mtp_loss_weight: float = option(
         0.0, "MTP loss weight, so that the fast engines' drafter follows the policy "
         "(DeepSeek-V3: 0.3, then 0.1); 0: the MTP layers are pushed as loaded.",
