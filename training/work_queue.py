@@ -3,8 +3,8 @@
 Their jobs are long (an episode, a codebase's whole build) and must not be lost, so each
 is acknowledged only once done: a job whose worker process dies is handed back at once by
 the worker that ran it, and one whose whole worker is gone is delivered again after
-``redeliver_s`` without an acknowledgement. A worker process takes one job at a time (no
-prefetching ahead of a long one).
+``redeliver_s`` without an acknowledgement, by the next sweep of any live worker. A
+worker process takes one job at a time (no prefetching ahead of a long one).
 """
 
 from __future__ import annotations
@@ -24,7 +24,14 @@ def work_queue_app(
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
         broker_connection_retry_on_startup=True,
-        broker_transport_options={"visibility_timeout": redeliver_s},
+        broker_transport_options={
+            "visibility_timeout": redeliver_s,
+            # kombu sweeps for overdue jobs every 10 s but scans only every 10th sweep: a
+            # job could wait 100 s past its timeout. Every sweep scans (one sorted-set
+            # range read), at least every redeliver_s / 4.
+            "unacked_restore_interval": max(1, min(10, redeliver_s // 4)),
+            "unacked_restore_throttle": 1,
+        },
         **conf,
     )
     return app
