@@ -25,6 +25,7 @@ import uuid
 from pathlib import Path
 
 from serving.valkey import start_valkey
+from training.settings import TrainingSettings
 from training.tasks.pypi import fetch_sdist
 
 CSTACK = [sys.executable, "-m", "deploy.cli"]
@@ -76,9 +77,10 @@ def main() -> None:
         "--max-tasks", str(args.max_tasks), "--max-candidates", str(args.max_candidates),
         "--no-harder-variants",
     ]  # fmt: skip
-    with tempfile.TemporaryDirectory() as scratch:  # pip's cache warm for both runs
+    cache = TrainingSettings().tasks_sdist_cache
+    with tempfile.TemporaryDirectory() as scratch:  # the sdist cache warm for both runs
         for codebase in args.pypi:
-            fetch_sdist(codebase, Path(scratch) / codebase)
+            fetch_sdist(codebase, Path(scratch) / codebase, cache)
     server = start_valkey()
     try:
         times, kept = {}, {}

@@ -37,6 +37,9 @@ class TrainingSettings(BaseSettings):
     #: gets it (a build runs a suite per candidate: hours for a big codebase).
     tasks_build_queue: str = "tasks-build"
     tasks_build_redeliver_s: int = 6 * 3600
+    #: Where `cstack tasks build --pypi NAME==VERSION` keeps each sdist after its first
+    #: download (per machine: each worker keeps its own), so later builds do not fetch it.
+    tasks_sdist_cache: Path = Path(".cstack/sdists")
     #: Hard time limit of one rollout; the broker redelivers an unacked one after
     #: ``rl_rollout_redeliver_s`` (publishing is idempotent, so a redelivery never duplicates).
     rl_rollout_time_limit_s: int = 900

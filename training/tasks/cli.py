@@ -23,7 +23,10 @@ def build(
         [], "--repo", help="A Python repository whose pytest suite passes; repeatable."
     ),
     pypi: list[str] = typer.Option(
-        [], "--pypi", help="Fetch this sdist (NAME==VERSION) and build from it; repeatable."
+        [],
+        "--pypi",
+        help="Fetch this sdist (NAME==VERSION) and build from it; repeatable. "
+        "Kept after the first download in CSTACK_TASKS_SDIST_CACHE (.cstack/sdists).",
     ),
     max_tasks: int = typer.Option(5, help="Tasks to keep per codebase."),
     max_candidates: int = typer.Option(25, help="Features to try per codebase."),
@@ -47,7 +50,7 @@ def build(
 ) -> None:
     """Delete one testable feature at a time; keep tasks with FAIL_TO_PASS and PASS_TO_PASS."""
     from training.tasks.builder import BuildConfig
-    from training.tasks.spread import Codebase, build_codebase
+    from training.tasks.spread import Codebase, build_codebase, settings
 
     if not repo and not pypi:
         raise typer.BadParameter("give one or more --repo DIR or --pypi NAME==VERSION")
@@ -66,9 +69,12 @@ def build(
         results = _build_on_workers(codebases, out, config, wait_s)
     else:
         results = (
-            build_codebase(codebase, out, config, log=lambda line: typer.echo(f"  {line}"))
+            build_codebase(
+                codebase, out, config, lambda line: typer.echo(f"  {line}"),
+                settings.tasks_sdist_cache,
+            )
             for codebase in codebases
-        )
+        )  # fmt: skip
     total = variants = failed = 0
     for outcome in results:
         if outcome.error:

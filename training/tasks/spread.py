@@ -65,10 +65,15 @@ class Outcome:
 
 
 def build_codebase(
-    codebase: Codebase, out: Path, config: BuildConfig, log: Callable[[str], None]
+    codebase: Codebase,
+    out: Path,
+    config: BuildConfig,
+    log: Callable[[str], None],
+    sdist_cache: Path | None = None,
 ) -> Outcome:
-    """Fetch (for an sdist) and build one codebase into ``out``; a codebase that gives
-    nothing is logged in the build log with why, and is an outcome, not an error."""
+    """Fetch (for an sdist: from ``sdist_cache`` once it holds it) and build one codebase
+    into ``out``; a codebase that gives nothing is logged in the build log with why, and is
+    an outcome, not an error."""
     name = codebase.name
     config = replace(config, source_name=name)
     with tempfile.TemporaryDirectory(prefix="cstack-fetch-") as scratch:
@@ -77,7 +82,7 @@ def build_codebase(
                 root = Path(codebase.repo)
             else:
                 log(f"fetching {codebase.requirement} ...")
-                root = fetch_sdist(codebase.requirement, Path(scratch) / name)
+                root = fetch_sdist(codebase.requirement, Path(scratch) / name, sdist_cache)
             report = build_tasks(root, out, config, log=log)
         except (FetchError, TaskBuildError) as err:
             log_failed_build(out, name, str(err))
@@ -110,7 +115,9 @@ def run_build_job(payload: dict[str, object]) -> None:
     codebase = Codebase(**payload["codebase"])  # type: ignore[arg-type]
     fields = dict(payload["config"])  # type: ignore[call-overload]
     config = BuildConfig(**{**fields, "only": tuple(fields["only"])})
-    outcome = build_codebase(codebase, Path(str(payload["out"])), config, log=_log)
+    outcome = build_codebase(
+        codebase, Path(str(payload["out"])), config, _log, settings.tasks_sdist_cache
+    )
     key = str(payload["reply_key"])
     pipe = _redis().pipeline(transaction=True)
     pipe.rpush(key, json.dumps(asdict(outcome)))
