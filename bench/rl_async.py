@@ -40,6 +40,7 @@ def _arm(args: argparse.Namespace, name: str, staleness: int) -> list[dict]:
         "--max-tokens", str(args.max_tokens), "--group-size", str(args.group_size),
         "--groups-per-step", str(args.groups_per_step), "--max-staleness", str(staleness),
         "--workers", str(args.workers),
+        *(["--lr", str(args.lr)] if args.lr is not None else []),
     ]  # fmt: skip
     return run_rl(
         Path(args.out) / name, flags, model=args.model, engine_url=args.engine_url,
@@ -59,6 +60,7 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--groups-per-step", type=int, default=2)
     parser.add_argument("--workers", type=int, default=1, help="rollout worker processes")
+    parser.add_argument("--lr", type=float, help="Muon learning rate (default: cstack rl's)")
     parser.add_argument("--out", default=".cstack/bench-rl-async")
     args = parser.parse_args()
     print("| loop | steps / min | rollouts trained / s | trainer idle share | rollouts "
