@@ -28,11 +28,7 @@ import httpx
 from rl_feedback import reset_engine, run_rl
 
 from serving.valkey import running_valkey
-from training.rollouts.environments import (
-    TOOLCHOICE_TOOLS,
-    toolchoice_available,
-    toolchoice_prompt,
-)
+from training.rollouts.environments import toolchoice_prompt, toolchoice_reward
 
 SUITE = [f"tools-{k}{variant}" for variant in ("", "@2", "@1") for k in range(4)]
 
@@ -52,9 +48,8 @@ def suite_pass_rate(engine_url: str, samples: int, max_tokens: int) -> dict[str,
                 },
             )  # fmt: skip
             reply.raise_for_status()
-            offered = toolchoice_available(task_id)
-            texts = [c["message"]["content"].strip() for c in reply.json()["choices"]]
-            rates[task_id] = sum(t in TOOLCHOICE_TOOLS and t in offered for t in texts) / samples
+            texts = [c["message"]["content"] for c in reply.json()["choices"]]
+            rates[task_id] = sum(toolchoice_reward(task_id, t) for t in texts) / samples
     return rates
 
 

@@ -1,11 +1,12 @@
 """Task builds spread over Celery workers: the same codebases built by 1 and by N workers.
 
-One run warms pip's cache with the codebases' sdists, starts an embedded Valkey, then for
-N workers and then for one: that many `cstack worker tasks` processes (one build each at a
-time), `cstack tasks build --celery` over the given codebases into a fresh folder, and the
-wall time until its last outcome. It prints the times and the speed-up, and checks that
-both builds kept the same tasks. Builds are smaller than `tasks build`'s defaults
-(``--max-tasks``, ``--max-candidates``, no harder variants) to keep the run short.
+One run fetches the codebases' sdists into the sdist cache the workers read, starts an
+embedded Valkey, then for N workers and then for one: that many `cstack worker tasks`
+processes (one build each at a time), `cstack tasks build --celery` over the given
+codebases into a fresh folder, and the wall time until its last outcome. It prints the
+times and the speed-up, and checks that both builds kept the same tasks. Builds are
+smaller than `tasks build`'s defaults (``--max-tasks``, ``--max-candidates``, no harder
+variants) to keep the run short.
 
     .venv/bin/python bench/task_build_spread.py --workers 2 \\
         --pypi inflection==0.5.1 --pypi toolz==1.2.0 --pypi termcolor==2.5.0 \\

@@ -175,6 +175,11 @@ def harder_task(environment: str, task_root: Path, task_id: str) -> str | None:
     return None
 
 
+def toolchoice_reward(task_id: str, reply: str) -> float:
+    """1 for a reply that names one of the tools the task offers, else 0."""
+    return float(reply.strip() in toolchoice_available(task_id))
+
+
 def toolchoice_prompt(task_id: str) -> str:
     return f"Call one tool. ({task_id})"
 
@@ -216,7 +221,7 @@ class ToolChoiceEnvironment:
             completion_logprobs=completion.logprobs, completion_text=completion.text,
             finish_reason=completion.finish_reason, tool_calls=calls, tool_results=results,
         )  # fmt: skip
-        reward = float(len(calls) - invalid)
+        reward = toolchoice_reward(request.task_id, completion.text)
         result = EpisodeResult([turn], [], [], "single_turn", len(calls), invalid, None)
         return _trajectory(
             request, result, reward, EpisodeEvidence(), self.feedback, tool_names=available
