@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from fractions import Fraction
+from typing import Any
 
+import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from billing.meter import Admission, Outcome, UsageReport
@@ -16,6 +18,13 @@ from billing.pricing import PriceBook, charge
 from serving.tiers import Tier
 
 EVENT_SCHEMA_VERSION = 1
+
+
+def _as_utc(value: datetime) -> datetime:
+    """Naive timestamps are UTC; everything is stored and compared in UTC."""
+    if value.tzinfo is UTC:  # the gateway's own clock: as it is
+        return value
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 class UsageEvent(BaseModel):
@@ -45,16 +54,23 @@ class UsageEvent(BaseModel):
     @field_validator("started_at", "ended_at")
     @classmethod
     def _utc(cls, value: datetime) -> datetime:
-        """Naive timestamps are UTC; everything is stored and compared in UTC."""
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        return _as_utc(value)
 
     @property
     def multiplier(self) -> Fraction:
         return Fraction(self.promotion_multiplier)
 
 
-def usage_event(book: PriceBook, admission: Admission, usage: UsageReport) -> UsageEvent:
-    """Price a finished request (by the tokens vLLM actually produced) into its event."""
+def usage_event_fields(book: PriceBook, admission: Admission, usage: UsageReport) -> dict[str, Any]:
+    """Price a finished request (by the tokens vLLM actually produced) into its event's
+    fields, in ``UsageEvent``'s order and form.
+
+    The gateway serialises these straight to the stream (``usage_event_json``): validating
+    a model it has just built from its own numbers cost a metered request more than pricing
+    it did. Whoever reads the event validates it (``UsageEvent.model_validate_json``: the
+    ledger writer, which dead-letters what does not validate). ``usage_event`` is the
+    validated form of the same fields.
+    """
     priced = charge(
         book,
         tier=usage.tier,
@@ -64,23 +80,34 @@ def usage_event(book: PriceBook, admission: Admission, usage: UsageReport) -> Us
         completion_tokens=usage.completion_tokens,
         at=usage.started_at,
     )
-    return UsageEvent(
-        event_id=usage.request_id,
-        org_id=usage.org_id,
-        key_id=usage.key_id,
-        customer_id=usage.customer_id,
-        plan=admission.request.plan,
-        model=usage.model,
-        tier=usage.tier,
-        prompt_tokens=usage.prompt_tokens,
-        cached_tokens=usage.cached_tokens,
-        completion_tokens=usage.completion_tokens,
-        list_cost_nano_usd=priced.list_cost_nano,
-        allowance_consumed_nano_usd=priced.allowance_consumed_nano,
-        promotion_multiplier=str(priced.usage_multiplier),
-        promotion_id=priced.promotion_id,
-        price_version=priced.price_version,
-        started_at=usage.started_at,
-        ended_at=usage.ended_at,
-        outcome=usage.outcome,
-    )
+    return {
+        "schema_version": EVENT_SCHEMA_VERSION,
+        "event_id": usage.request_id,
+        "org_id": usage.org_id,
+        "key_id": usage.key_id,
+        "customer_id": usage.customer_id,
+        "plan": admission.request.plan,
+        "model": usage.model,
+        "tier": usage.tier,
+        "prompt_tokens": usage.prompt_tokens,
+        "cached_tokens": usage.cached_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "list_cost_nano_usd": priced.list_cost_nano,
+        "allowance_consumed_nano_usd": priced.allowance_consumed_nano,
+        "promotion_multiplier": str(priced.usage_multiplier),
+        "promotion_id": priced.promotion_id,
+        "price_version": priced.price_version,
+        "started_at": _as_utc(usage.started_at),
+        "ended_at": _as_utc(usage.ended_at),
+        "outcome": usage.outcome,
+    }
+
+
+def usage_event_json(fields: dict[str, Any]) -> str:
+    """``usage_event_fields`` as the JSON ``UsageEvent.model_dump_json`` writes for them."""
+    return pydantic_core.to_json(fields).decode()
+
+
+def usage_event(book: PriceBook, admission: Admission, usage: UsageReport) -> UsageEvent:
+    """The validated event of a finished request."""
+    return UsageEvent(**usage_event_fields(book, admission, usage))

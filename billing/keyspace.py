@@ -34,7 +34,7 @@ class Keyspace:
     usage_stream: str
 
     def tag(self, org_id: str) -> str:
-        return shard_tag(shard_of(org_id, self.shards))
+        return _org_tag(org_id, self.shards)
 
     def budget_prefix(self, org_id: str) -> str:
         """Prefix of an org's per-period budget keys (the period is appended)."""
@@ -74,3 +74,9 @@ class Keyspace:
 
 def shard_tag(shard: int) -> str:
     return f"{{u{shard}}}"
+
+
+@lru_cache(maxsize=65536)
+def _org_tag(org_id: str, shards: int) -> str:
+    """An org's shard tag (remembered, like ``shard_of``: each request names several keys)."""
+    return shard_tag(shard_of(org_id, shards))

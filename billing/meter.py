@@ -1,11 +1,14 @@
 """Billing's request-path contract with the gateway: admission before forwarding, usage after.
 
 The gateway builds an ``AdmissionRequest`` per request, calls ``Meter.admit`` before
-forwarding (which may raise ``AdmissionRefused``), and calls ``Meter.settle`` exactly once
-when the response has ended, however it ended. Money never crosses this boundary as a
-float. Reading usage back is a separate contract (``billing.reporting``), so nothing on the
-request path touches the SQL ledger. This module imports nothing from billing (the real
-meter comes from ``billing.create_meter``), so both sides depend on it without a cycle.
+forwarding (which may raise ``AdmissionRefused``), and settles exactly once when the
+response has ended, however it ended: ``Meter.settle`` waits until billing has the usage
+(in Redis, or spooled), ``Meter.settle_nowait`` hands it over and returns (for an answer
+already sent: the settlement goes with the others of the moment, its failure is logged).
+Money never crosses this boundary as a float. Reading usage back is a separate contract
+(``billing.reporting``), so nothing on the request path touches the SQL ledger. This module
+imports nothing from billing (the real meter comes from ``billing.create_meter``), so both
+sides depend on it without a cycle.
 """
 
 from __future__ import annotations
@@ -103,6 +106,8 @@ class Meter(Protocol):
 
     async def settle(self, admission: Admission, usage: UsageReport) -> None: ...
 
+    def settle_nowait(self, admission: Admission, usage: UsageReport) -> None: ...
+
     async def aclose(self) -> None: ...
 
 
@@ -113,6 +118,9 @@ class UnmeteredMeter:
         return Admission(request=request)
 
     async def settle(self, admission: Admission, usage: UsageReport) -> None:
+        return None
+
+    def settle_nowait(self, admission: Admission, usage: UsageReport) -> None:
         return None
 
     async def aclose(self) -> None:

@@ -29,7 +29,7 @@ from redis._parsers.base import BaseParser
 from billing import metrics
 from billing.batching import Script, ScriptBatcher
 from billing.cluster import ClusterScripts
-from billing.events import usage_event
+from billing.events import usage_event_fields, usage_event_json
 from billing.headers import ratelimit_headers
 from billing.keyspace import Keyspace
 from billing.lua import ADMIT, RENEW, SETTLE
@@ -124,6 +124,11 @@ def period_of(at: datetime) -> str:
     return at.astimezone(UTC).strftime("%Y-%m")
 
 
+def _log_settle_failure(record: Record, failure: BaseException) -> None:
+    """A settlement nobody waits for failed on its own (its keys in a bad state): said."""
+    logger.error("billing settle failed for request %s", record["event_id"], exc_info=failure)
+
+
 def _record_org(record: Record) -> str:
     """The org of a settlement record; a record spooled by a release before sharding has
     only its event to say."""
@@ -158,8 +163,15 @@ class RedisMeter:
                 RespConnection(settings.redis_url, timeout_s=settings.redis_timeout_s), scripts
             )
         self._settlements = SettlementQueue(
-            self._settle_batch, window_s=settings.settle_batch_window_ms / 1000
+            self._settle_batch,
+            window_s=settings.settle_batch_window_ms / 1000,
+            unawaited=_log_settle_failure,
         )
+        #: ``metrics.usage_events`` by (tier, outcome), bound once: ``labels()`` costs a
+        #: lock and a lookup, per settlement.
+        self._usage_events: dict[tuple[str, str], Any] = {}
+        #: The spool replay started by ``settle_nowait`` (its one reference).
+        self._replaying: asyncio.Task[int] | None = None
         self._redis_answered = False
         #: The billing period admission names its budget keys by: Redis's clock's month,
         #: as last seen (the gateway's own until then).
@@ -329,25 +341,44 @@ class RedisMeter:
 
     async def settle(self, admission: Admission, usage: UsageReport) -> None:
         """Count the actual usage and emit its event; spool it if Redis is unreachable."""
-        event = usage_event(self.book, admission, usage)
+        await self._settlements.submit(self._record(admission, usage))  # raises only its own
+        if self._spool_scan_due():
+            await self.replay_spool()
+
+    def settle_nowait(self, admission: Admission, usage: UsageReport) -> None:
+        """``settle``, handed over without waiting: it goes (or is spooled) with the
+        settlements of the moment, and its failure is logged."""
+        self._settlements.submit_nowait(self._record(admission, usage))
+        if self._spool_scan_due() and (self._replaying is None or self._replaying.done()):
+            self._replaying = asyncio.get_running_loop().create_task(self.replay_spool())
+
+    def _record(self, admission: Admission, usage: UsageReport) -> Record:
+        """The usage priced into what a settlement sends (and what the spool keeps if
+        Redis is down): the event serialised once."""
+        event = usage_event_fields(self.book, admission, usage)
+        allowance = event["allowance_consumed_nano_usd"]
         if admission.reservation_id:
             self.reservations.release(admission.reservation_id)
             period = admission.reservation_id.split("/", 1)[0]
         else:
-            self.local_allowance.settle(event.event_id, event.allowance_consumed_nano_usd)
-            period = period_of(event.started_at)
-        # The record is what the spool keeps if Redis is down: the event serialised once.
-        record = {
-            "org_id": event.org_id,
+            self.local_allowance.settle(usage.request_id, allowance)
+            period = period_of(event["started_at"])
+        counted = self._usage_events.get((usage.tier, usage.outcome))
+        if counted is None:
+            counted = self._usage_events[usage.tier, usage.outcome] = metrics.usage_events.labels(
+                usage.tier, usage.outcome
+            )
+        counted.inc()
+        return {
+            "org_id": usage.org_id,
             "period": period,
-            "event_id": event.event_id,
-            "allowance_nano_usd": event.allowance_consumed_nano_usd,
-            "event": event.model_dump_json(),
+            "event_id": usage.request_id,
+            "allowance_nano_usd": allowance,
+            "event": usage_event_json(event),
         }
-        await self._settlements.submit(record)  # raises only for this record's own error
-        metrics.usage_events.labels(event.tier, event.outcome).inc()
-        if self._redis_answered and time.monotonic() >= self._next_spool_scan:
-            await self.replay_spool()
+
+    def _spool_scan_due(self) -> bool:
+        return self._redis_answered and time.monotonic() >= self._next_spool_scan
 
     async def _settle_batch(self, records: list[Record]) -> list[BaseException | None]:
         """Settle ``records`` (one script call, or one per shard); spool those Redis could not

@@ -9,51 +9,79 @@ others of that moment in one call of ``send``.
 ``send`` owns what happens to a batch: it returns one outcome per record (None: settled,
 or spooled to be replayed; an exception: that record's own failure), and it must not
 raise. So a record is never lost with its caller: one that stopped waiting (cancelled)
-is sent, or spooled, all the same. Each caller still awaits its own outcome; after
-``aclose`` a record is sent at once, alone.
+is sent, or spooled, all the same. A caller awaits its own outcome (``submit``) or hands
+the record over and goes on (``submit_nowait``: the gateway, whose client already has its
+answer); the failure of a record nobody waits for goes to ``unawaited``. After ``aclose``
+a record is sent at once, alone.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 Record = dict[str, Any]
 Outcome = BaseException | None
 SendBatch = Callable[[list[Record]], Awaitable[Sequence[Outcome]]]
+Unawaited = Callable[[Record, BaseException], None]
 
 
 class SettlementQueue:
-    """``await submit(record)``: the record settled together with those of the moment."""
+    """``await submit(record)``: the record settled together with those of the moment;
+    ``submit_nowait(record)``: the same, without waiting for it."""
 
-    def __init__(self, send: SendBatch, *, window_s: float, max_batch: int = 256) -> None:
+    def __init__(
+        self, send: SendBatch, *, window_s: float, unawaited: Unawaited, max_batch: int = 256
+    ) -> None:
         self._send = send
         self._window_s = window_s
+        self._unawaited = unawaited
         self._max_batch = max_batch
-        self._waiting: list[tuple[Record, asyncio.Future[None]]] = []
+        self._waiting: list[tuple[Record, asyncio.Future[None] | None]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._in_flight: set[asyncio.Task[None]] = set()
         self._closed = False
 
     async def submit(self, record: Record) -> None:
-        loop = asyncio.get_running_loop()
+        """The record settled with those of the moment; raises its own failure."""
         if self._closed:
             outcome = (await self._send([record]))[0]
             if outcome is not None:
                 raise outcome
             return
-        if loop is not self._loop:  # a new event loop: nothing of the old one can run
+        settled: asyncio.Future[None] = self._running_loop().create_future()
+        self._enqueue(record, settled)
+        # A caller that gives up cancels only its future: its record is sent all the same.
+        await settled
+
+    def submit_nowait(self, record: Record) -> None:
+        """Hand the record over: it goes with those of the moment (after ``aclose``, at
+        once, alone), and its failure, if any, to ``unawaited``."""
+        if self._closed:
+            self._start(self._send_batch([(record, None)]))
+        else:
+            self._enqueue(record, None)
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop the caller runs on (the queue is used from one thread, where one loop
+        runs at a time). Not asked of ``asyncio.get_running_loop()`` while the queue's own
+        loop runs: it makes a ``getpid`` system call each time, per settlement."""
+        loop = self._loop
+        if loop is None or not loop.is_running():
+            loop = asyncio.get_running_loop()
+            # A new event loop: nothing of the old one can run.
             self._loop, self._timer, self._waiting = loop, None, []
-        settled: asyncio.Future[None] = loop.create_future()
+        return loop
+
+    def _enqueue(self, record: Record, settled: asyncio.Future[None] | None) -> None:
+        loop = self._running_loop()
         self._waiting.append((record, settled))
         if len(self._waiting) >= self._max_batch:
             self._flush()
         elif self._timer is None:
             self._timer = loop.call_later(self._window_s, self._flush)
-        # A caller that gives up cancels only its future: its record is sent all the same.
-        await settled
 
     def _flush(self) -> None:
         if self._timer is not None:
@@ -61,16 +89,20 @@ class SettlementQueue:
             self._timer = None
         batch, self._waiting = self._waiting, []
         if batch:
-            task = asyncio.get_running_loop().create_task(self._send_batch(batch))
-            self._in_flight.add(task)
-            task.add_done_callback(self._in_flight.discard)
+            self._start(self._send_batch(batch))
 
-    async def _send_batch(self, batch: list[tuple[Record, asyncio.Future[None]]]) -> None:
+    def _start(self, sending: Coroutine[Any, Any, None]) -> None:
+        task = self._running_loop().create_task(sending)
+        self._in_flight.add(task)
+        task.add_done_callback(self._in_flight.discard)
+
+    async def _send_batch(self, batch: list[tuple[Record, asyncio.Future[None] | None]]) -> None:
         outcomes = await self._send([record for record, _ in batch])
-        for (_, settled), outcome in zip(batch, outcomes, strict=True):
-            if settled.done():  # its caller stopped waiting
-                continue
-            if outcome is None:
+        for (record, settled), outcome in zip(batch, outcomes, strict=True):
+            if settled is None or settled.done():  # nobody waits for it (any more)
+                if outcome is not None:
+                    self._unawaited(record, outcome)
+            elif outcome is None:
                 settled.set_result(None)
             else:
                 settled.set_exception(outcome)

@@ -156,12 +156,11 @@ def _lifespan(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with AsyncExitStack() as closing:
             # Closed in reverse, each even if another failed to: the meter (what it has
-            # gathered to settle) after the relay's settlements, and before Redis.
+            # gathered to settle) after the requests have ended, and before Redis.
             closing.push_async_callback(parts.redis.aclose)  # type: ignore[attr-defined]
             await connect_early(parts.redis)
             closing.push_async_callback(usage.aclose)
             closing.push_async_callback(meter.aclose)
-            closing.push_async_callback(parts.relay.aclose)
             await parts.upstreams.start()
             closing.push_async_callback(parts.upstreams.aclose)
             await parts.auth.start()

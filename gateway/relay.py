@@ -111,7 +111,6 @@ class Relay:
         self._tokens_out = {tier: metrics.tokens.labels(tier, "output") for tier in pools}
         self._ttft = {tier: metrics.ttft.labels(tier) for tier in pools}
         self._overflows = metrics.tier_overflows
-        self._settling: set[asyncio.Task[None]] = set()
 
     def max_model_len(self, tier: str) -> int | None:
         """The context length of the tier's engines, once every replica has reported it."""
@@ -137,22 +136,32 @@ class Relay:
         return True
 
     def settle_soon(self, exchange: Exchange, outcome: Outcome, usage: dict[str, Any]) -> None:
-        """Settle in a task of its own, once the answer is complete: the client does not
-        wait for billing's write (``aclose`` waits for it instead)."""
-        task = asyncio.get_running_loop().create_task(self.settle(exchange, outcome, usage))
-        self._settling.add(task)
-        task.add_done_callback(self._settling.discard)
-
-    async def aclose(self) -> None:
-        """Wait for the settlements still under way (before the meter closes), and for
-        any started meanwhile."""
-        while self._settling:
-            await asyncio.gather(*self._settling, return_exceptions=True)
+        """Settle once the answer is complete, without waiting: the client does not wait
+        for billing's write, nor the gateway for a task of its own (the meter sends it with
+        the settlements of the moment, and its close sends what is still gathered)."""
+        report = self._report(exchange, outcome, usage)
+        if report is not None:
+            try:
+                self._meter.settle_nowait(exchange.admission, report)
+            except Exception:
+                logger.exception("billing settle failed for request %s", exchange.request_id)
 
     async def settle(self, exchange: Exchange, outcome: Outcome, usage: dict[str, Any]) -> None:
-        """Report usage once; billing errors are logged, never turned into client errors."""
+        """Report usage once and wait until billing has it; billing errors are logged,
+        never turned into client errors."""
+        report = self._report(exchange, outcome, usage)
+        if report is not None:
+            try:
+                await self._meter.settle(exchange.admission, report)
+            except Exception:
+                logger.exception("billing settle failed for request %s", exchange.request_id)
+
+    def _report(
+        self, exchange: Exchange, outcome: Outcome, usage: dict[str, Any]
+    ) -> UsageReport | None:
+        """The request's usage report, the first time only (None after)."""
         if exchange.settled:
-            return
+            return None
         exchange.settled = True
         route = exchange.route
         prompt = int(usage.get("prompt_tokens") or 0)
@@ -162,7 +171,7 @@ class Relay:
         self._tokens_in[route.tier].inc(prompt)
         self._tokens_out[route.tier].inc(completion)
         key = exchange.principal.key
-        report = UsageReport(
+        return UsageReport(
             request_id=exchange.request_id,
             org_id=key.org_id,
             key_id=key.key_id,
@@ -176,10 +185,6 @@ class Relay:
             outcome=outcome,
             customer_id=exchange.principal.customer_id,
         )
-        try:
-            await self._meter.settle(exchange.admission, report)
-        except Exception:
-            logger.exception("billing settle failed for request %s", exchange.request_id)
 
     async def open(
         self, exchange: Exchange, path: str, body: bytes, avoid: Replica | None = None

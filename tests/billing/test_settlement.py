@@ -1,13 +1,16 @@
 """Settlements sent together (``billing.settlement``), against the session's real Valkey:
 the settlements of a moment go in one script call, each applied exactly once with its own
-reservation released; one record's bad key fails only that record; what Redis cannot take
-(unreachable, out of memory) is spooled, whether its caller still waits or not, and
-replays exactly; and a meter that closes sends what is still waiting."""
+reservation released, whether its caller waits for it (``settle``) or not
+(``settle_nowait``, the gateway's); one record's bad key fails only that record (logged when
+nobody waits for it); what Redis cannot take (unreachable, out of memory) is spooled,
+whether its caller still waits or not, and replays exactly; and a meter that closes sends
+what is still waiting."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -96,6 +99,39 @@ async def test_one_records_bad_key_fails_only_that_record(meter: CountingMeter) 
     assert meter.spool.pending_count() == 0  # a bad record is not retried forever
 
 
+async def test_settlements_handed_over_without_waiting_are_applied_exactly_once(
+    meter: CountingMeter, caplog: pytest.LogCaptureFixture
+) -> None:
+    requests = [admission_request(org="org-nowait", key="key-batch", prompt=10) for _ in range(5)]
+    admissions = [await meter.admit(request) for request in requests]
+    period = str(admissions[0].reservation_id).split("/")[0]
+    for i, (admission, request) in enumerate(zip(admissions, requests, strict=True)):
+        meter.settle_nowait(admission, usage_for(request, completion=i))
+    assert len(meter.reservations) == 0  # released from renewal at once
+    meter.settle_nowait(admissions[0], usage_for(requests[0], completion=0))  # a second time
+    bad = admission_request(org="org-nowait-bad", key="key-batch", prompt=10)
+    bad_admission = await meter.admit(bad)
+    await meter.redis.delete(meter.keys.budget_prefix("org-nowait-bad") + period)
+    await meter.redis.set(meter.keys.budget_prefix("org-nowait-bad") + period, "not a hash")
+    with caplog.at_level(logging.ERROR, logger="billing.redis_meter"):
+        meter.settle_nowait(bad_admission, usage_for(bad, completion=1))
+        await meter.aclose()  # what was handed over is sent before the meter closes
+    assert meter.batches == [7]  # together, in one call
+
+    budget = await meter.redis.hgetall(meter.keys.budget_prefix("org-nowait") + period)
+    used = sum(10 * 3000 + i * 15000 for i in range(5))
+    assert {k.decode(): int(v) for k, v in budget.items()} == {"reserved": 0, "used": used}
+    entries = await meter.redis.xrange(meter.keys.usage_stream_of("org-nowait"))
+    assert [json.loads(f[b"event"])["event_id"] for _, f in entries] == [
+        r.request_id for r in requests
+    ]
+    # The bad record failed alone, said in the log with its request id.
+    assert [r.getMessage() for r in caplog.records] == [
+        f"billing settle failed for request {bad.request_id}"
+    ]
+    assert "WRONGTYPE" in caplog.text
+
+
 async def test_what_redis_refuses_to_write_is_spooled_and_replays_exactly(
     meter: CountingMeter, redis_url: str
 ) -> None:
@@ -156,7 +192,9 @@ async def test_closing_sends_what_is_waiting_even_if_its_caller_gave_up() -> Non
         sent.extend(records)
         return [None] * len(records)
 
-    queue = SettlementQueue(send, window_s=3600)  # only a close or a full batch sends
+    failed: list[tuple[Record, BaseException]] = []
+    # Only a close or a full batch sends.
+    queue = SettlementQueue(send, window_s=3600, unawaited=lambda r, e: failed.append((r, e)))
     waiter = asyncio.ensure_future(queue.submit({"event_id": "a"}))
     await asyncio.sleep(0)
     waiter.cancel()
@@ -165,6 +203,38 @@ async def test_closing_sends_what_is_waiting_even_if_its_caller_gave_up() -> Non
     await queue.submit({"event_id": "late"})  # after the close: sent at once, alone
     assert sent[-1] == {"event_id": "late"}
 
-    full = SettlementQueue(send, window_s=3600, max_batch=2)
+    queue.submit_nowait({"event_id": "late, not awaited"})  # sent at once too, in a task
+    await queue.aclose()
+    assert sent[-1] == {"event_id": "late, not awaited"}
+
+    full = SettlementQueue(send, window_s=3600, max_batch=2, unawaited=lambda r, e: None)
     await asyncio.gather(full.submit({"event_id": "b"}), full.submit({"event_id": "c"}))
-    assert sent[2:] == [{"event_id": "b"}, {"event_id": "c"}]
+    assert sent[3:] == [{"event_id": "b"}, {"event_id": "c"}]
+    assert failed == []
+
+
+async def test_records_nobody_waits_for_go_with_the_others_and_their_failures_are_reported() -> (
+    None
+):
+    batches: list[list[str]] = []
+    broken = ValueError("this record's keys are in a bad state")
+
+    async def send(records: list[Record]) -> list[BaseException | None]:
+        batches.append([r["event_id"] for r in records])
+        return [broken if r["event_id"].startswith("bad") else None for r in records]
+
+    failed: list[tuple[str, BaseException]] = []
+    queue = SettlementQueue(
+        send, window_s=3600, max_batch=4, unawaited=lambda r, e: failed.append((r["event_id"], e))
+    )
+    queue.submit_nowait({"event_id": "a"})
+    queue.submit_nowait({"event_id": "bad-1"})
+    awaited = asyncio.ensure_future(queue.submit({"event_id": "b"}))
+    gave_up = asyncio.ensure_future(queue.submit({"event_id": "bad-2"}))
+    await asyncio.sleep(0)
+    gave_up.cancel()  # the fourth record fills the batch: it is sent now
+    await awaited
+    await queue.aclose()
+    assert batches == [["a", "bad-1", "b", "bad-2"]]
+    # The failures nobody waited for are reported, each with its own error.
+    assert failed == [("bad-1", broken), ("bad-2", broken)]

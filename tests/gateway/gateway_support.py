@@ -170,6 +170,9 @@ class RecordingMeter(UnmeteredMeter):
     async def settle(self, admission: Admission, usage: UsageReport) -> None:
         self.settled.append(usage)
 
+    def settle_nowait(self, admission: Admission, usage: UsageReport) -> None:
+        self.settled.append(usage)
+
     def wait_settled(self, count: int, timeout_s: float = 30) -> list[UsageReport]:
         deadline = time.monotonic() + timeout_s
         while len(self.settled) < count and time.monotonic() < deadline:
