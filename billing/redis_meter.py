@@ -17,6 +17,7 @@ call per shard.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -347,21 +348,40 @@ class RedisMeter:
 
     def settle_nowait(self, admission: Admission, usage: UsageReport) -> None:
         """``settle``, handed over without waiting: it goes (or is spooled) with the
-        settlements of the moment, and its failure is logged."""
-        self._settlements.submit_nowait(self._record(admission, usage))
+        settlements of the moment, and its failure is logged. Its reservation is no longer
+        renewed from now; it is priced when its batch goes."""
+        if admission.reservation_id:
+            self.reservations.release(admission.reservation_id)
+            self._settlements.submit_nowait(functools.partial(self._priced_later, admission, usage))
+        else:  # admitted on the outage allowance: what it did not use is given back now
+            self._settlements.submit_nowait(self._record(admission, usage))
         if self._spool_scan_due() and (self._replaying is None or self._replaying.done()):
             self._replaying = asyncio.get_running_loop().create_task(self.replay_spool())
 
     def _record(self, admission: Admission, usage: UsageReport) -> Record:
-        """The usage priced into what a settlement sends (and what the spool keeps if
-        Redis is down): the event serialised once."""
-        event = usage_event_fields(self.book, admission, usage)
-        allowance = event["allowance_consumed_nano_usd"]
+        """The usage priced into what a settlement sends, its reservation released (or its
+        part of the outage allowance given back)."""
         if admission.reservation_id:
             self.reservations.release(admission.reservation_id)
+        record = self._priced(admission, usage)
+        if not admission.reservation_id:
+            self.local_allowance.settle(usage.request_id, record["allowance_nano_usd"])
+        return record
+
+    def _priced_later(self, admission: Admission, usage: UsageReport) -> Record | None:
+        try:
+            return self._priced(admission, usage)
+        except Exception:  # a usage report that cannot be priced: said, not sent
+            logger.exception("billing settle failed for request %s", usage.request_id)
+            return None
+
+    def _priced(self, admission: Admission, usage: UsageReport) -> Record:
+        """What a settlement sends (and what the spool keeps if Redis is down): the usage
+        priced, its event serialised once."""
+        event = usage_event_fields(self.book, admission, usage)
+        if admission.reservation_id:
             period = admission.reservation_id.split("/", 1)[0]
         else:
-            self.local_allowance.settle(usage.request_id, allowance)
             period = period_of(event["started_at"])
         counted = self._usage_events.get((usage.tier, usage.outcome))
         if counted is None:
@@ -373,7 +393,7 @@ class RedisMeter:
             "org_id": usage.org_id,
             "period": period,
             "event_id": usage.request_id,
-            "allowance_nano_usd": allowance,
+            "allowance_nano_usd": event["allowance_consumed_nano_usd"],
             "event": usage_event_json(event),
         }
 

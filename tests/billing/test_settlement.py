@@ -113,23 +113,30 @@ async def test_settlements_handed_over_without_waiting_are_applied_exactly_once(
     bad_admission = await meter.admit(bad)
     await meter.redis.delete(meter.keys.budget_prefix("org-nowait-bad") + period)
     await meter.redis.set(meter.keys.budget_prefix("org-nowait-bad") + period, "not a hash")
+    unpriceable = admission_request(org="org-nowait", key="key-batch", prompt=10)
+    unpriceable_admission = await meter.admit(unpriceable)
     with caplog.at_level(logging.ERROR, logger="billing.redis_meter"):
         meter.settle_nowait(bad_admission, usage_for(bad, completion=1))
+        # More cached tokens than prompt tokens: priced when its batch goes, it fails alone.
+        meter.settle_nowait(unpriceable_admission, usage_for(unpriceable, completion=1, cached=11))
         await meter.aclose()  # what was handed over is sent before the meter closes
-    assert meter.batches == [7]  # together, in one call
+    assert meter.batches == [7]  # together, in one call (the unpriceable one not sent)
 
     budget = await meter.redis.hgetall(meter.keys.budget_prefix("org-nowait") + period)
     used = sum(10 * 3000 + i * 15000 for i in range(5))
-    assert {k.decode(): int(v) for k, v in budget.items()} == {"reserved": 0, "used": used}
+    # What could not be priced keeps its worst case reserved until its reservation's TTL
+    # (no longer renewed) gives it back: never less than it may have cost.
+    held = unpriceable_admission.reserved_nano_usd
+    assert {k.decode(): int(v) for k, v in budget.items()} == {"reserved": held, "used": used}
     entries = await meter.redis.xrange(meter.keys.usage_stream_of("org-nowait"))
     assert [json.loads(f[b"event"])["event_id"] for _, f in entries] == [
         r.request_id for r in requests
     ]
-    # The bad record failed alone, said in the log with its request id.
-    assert [r.getMessage() for r in caplog.records] == [
-        f"billing settle failed for request {bad.request_id}"
-    ]
-    assert "WRONGTYPE" in caplog.text
+    # The bad records failed alone, each said in the log with its request id.
+    assert sorted(r.getMessage() for r in caplog.records) == sorted(
+        f"billing settle failed for request {r.request_id}" for r in (bad, unpriceable)
+    )
+    assert "WRONGTYPE" in caplog.text and "exceed prompt tokens" in caplog.text
 
 
 async def test_what_redis_refuses_to_write_is_spooled_and_replays_exactly(
