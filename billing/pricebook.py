@@ -88,10 +88,10 @@ class PriceBook:
 
     def version_at(self, at: datetime) -> PriceVersion:
         """The price version in effect at ``at`` (the latest one that started)."""
-        current = [v for v in self.versions if v.effective_from <= at]
-        if not current:
-            raise PriceBookError(f"no price version is in effect at {at.isoformat()}")
-        return current[-1]
+        for version in reversed(self.versions):  # in increasing effective_from order
+            if version.effective_from <= at:
+                return version
+        raise PriceBookError(f"no price version is in effect at {at.isoformat()}")
 
     def promotion_at(self, model: str, at: datetime) -> Promotion | None:
         for promotion in self.promotions:

@@ -1,6 +1,7 @@
 """Forwarding one admitted request to its tier's pool and relaying the answer back.
 
-Every request admitted by billing ends in exactly one ``Meter.settle``, however it ends:
+Every request admitted by billing is settled exactly once (``Meter.settle``, or
+``Meter.settle_nowait`` once its answer is complete), however it ends:
 complete, client disconnect (the upstream connection is closed so vLLM aborts the
 request), upstream error, or its maximum duration reached. A client disconnect is watched
 for while waiting on the upstream, streaming or not, so generation stops as soon as nobody
