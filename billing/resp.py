@@ -47,6 +47,9 @@ class _Protocol(asyncio.Protocol):
         self._parser = hiredis.Reader(replyError=redis_errors.ResponseError)
         self._waiting: deque[asyncio.Future[Any]] = deque()
         self._outgoing: list[bytes] = []
+        #: Commands written and not yet answered, and whether a write is due this turn.
+        self._unanswered = 0
+        self._write_due = False
         self._transport: asyncio.Transport | None = None
         self._watchdog: asyncio.TimerHandle | None = None
         self.error: Exception | None = None
@@ -69,17 +72,25 @@ class _Protocol(asyncio.Protocol):
             raise self.error
         reply: asyncio.Future[Any] = self._loop.create_future()
         self._waiting.append(reply)
-        if not self._outgoing:
-            self._loop.call_soon(self._write)
         self._outgoing.append(data)
+        # One write in flight at a time: what comes while Redis has not answered goes
+        # together once it has (at most one round trip later), so a busy gateway, and the
+        # Redis it shares, make one write and one read for many commands, not one each.
+        if not self._unanswered and not self._write_due:
+            self._write_due = True
+            self._loop.call_soon(self._write)
         if self._watchdog is None:
             self._watchdog = self._loop.call_later(self._timeout_s, self._stalled)
         return reply
 
     def _write(self) -> None:
+        self._write_due = False
+        if not self._outgoing:
+            return
         if self._transport is not None and self.error is None:
             self._transport.write(b"".join(self._outgoing))
             self.writes += 1
+        self._unanswered += len(self._outgoing)
         self._outgoing.clear()
 
     async def drain(self) -> None:
@@ -93,12 +104,17 @@ class _Protocol(asyncio.Protocol):
                     # redis-py's classes: LOADING, NOAUTH, "max number of clients" are
                     # ConnectionErrors (Redis is not there for us), READONLY, OOM, ...
                     reply = BaseParser.parse_error(str(reply))
+                if not self._unanswered:
+                    raise IndexError  # a reply to a command not written
+                self._unanswered -= 1
                 waiter = self._waiting.popleft()
                 if not waiter.done():
                     waiter.set_result(reply)
         except (hiredis.ProtocolError, IndexError):  # not Redis, or a reply nobody asked for
             self._fail(redis_errors.ConnectionError("Redis sent an unreadable reply"))
             return
+        if not self._unanswered and self._outgoing and not self._write_due:
+            self._write()  # what came meanwhile, together
         if self._watchdog is not None:
             self._watchdog.cancel()
             self._watchdog = (

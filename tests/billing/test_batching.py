@@ -1,6 +1,7 @@
 """Script calls on one pipelined connection (``billing.batching``, ``billing.resp``),
 against a real Valkey: each caller gets its own reply in call order, concurrent calls
-share writes, scripts are sent again after Redis forgets them, a connection that cannot be
+share writes (and calls made while a write is unanswered go together once it is
+answered), scripts are sent again after Redis forgets them, a connection that cannot be
 made or stops answering fails every call waiting on it with redis-py's error, and the
 password, db and TLS options of the URL are used."""
 
@@ -56,6 +57,33 @@ def test_concurrent_calls_share_writes_and_keep_their_order(redis_url: str) -> N
     assert replies == list(range(1, 201))  # each caller its own reply
     assert stored == [str(i).encode() for i in range(200)]  # run in the order called
     assert writes < 10  # the first call alone, then the rest together
+
+
+def test_calls_made_while_redis_has_not_answered_go_together_once_it_has(
+    redis_url: str,
+) -> None:
+    async def scenario(batcher: ScriptBatcher, redis: Redis) -> tuple[Any, ...]:
+        await redis.delete("batching:window", "batching:connect")
+        await batcher.call(APPEND, ["batching:connect"], ["x"])  # connected
+        written = batcher.connection.writes
+        await redis.execute_command("CLIENT", "PAUSE", 300)  # unanswered for 300 ms
+        first = asyncio.ensure_future(batcher.call(APPEND, ["batching:window"], ["first"]))
+        while batcher.connection.writes == written:  # the first call written
+            await asyncio.sleep(0)
+        written = batcher.connection.writes
+        # Made one loop turn after another, all while Redis holds the first.
+        later = []
+        for i in range(5):
+            later.append(asyncio.ensure_future(batcher.call(APPEND, ["batching:window"], [i])))
+            await asyncio.sleep(0)
+        replies = [await first, *await asyncio.gather(*later)]
+        stored = await redis.lrange("batching:window", 0, -1)
+        return replies, stored, batcher.connection.writes - written
+
+    replies, stored, writes = run(redis_url, scenario)
+    assert replies == [1, 2, 3, 4, 5, 6]
+    assert stored == [b"first", b"0", b"1", b"2", b"3", b"4"]
+    assert writes == 1  # the five, in one write after the first's reply
 
 
 def test_a_lone_call_goes_at_once_and_errors_reach_only_their_caller(redis_url: str) -> None:
