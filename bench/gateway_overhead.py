@@ -10,6 +10,9 @@ Redis, with its password) and, in front of that one upstream, side by side:
   ledger), default settings, one worker. This is the headline row;
 - the same with billing off (`CSTACK_BILLING=false`), labelled: the relay's own cost;
 - the same as the headline with `--workers 2`;
+- with `--baseline-tree DIR`, the headline's configuration run from another checkout of the
+  project (e.g. `git worktree add DIR REV`), with this venv: one build against another in
+  the same run;
 - with `--litellm PATH`, LiteLLM's proxy (`litellm[proxy]==1.100.0` in a venv of its own:
   `python3 -m venv /tmp/litellm-venv && /tmp/litellm-venv/bin/pip install
   'litellm[proxy]==1.100.0'`), no database, one worker, a master key.
@@ -37,6 +40,7 @@ through the headline gateway.
 
     .venv/bin/python bench/gateway_overhead.py [--litellm /tmp/litellm-venv/bin/litellm]
         [--seconds 10] [--rounds 2] [--clients 8] [--rate 300] [--vllm-url URL]
+        [--baseline-tree DIR]
 """
 
 from __future__ import annotations
@@ -310,7 +314,10 @@ class Target:
 
 
 def start_process(
-    args: list[str], env: dict[str, str | None] | None = None, log: Path | None = None
+    args: list[str],
+    env: dict[str, str | None] | None = None,
+    log: Path | None = None,
+    cwd: Path = ROOT,
 ) -> subprocess.Popen[bytes]:
     """``env``: variables to set, or (None) to remove. stderr stays on the terminal (errors
     show) unless a log is given; stdout is never read."""
@@ -319,7 +326,7 @@ def start_process(
     out = log.open("ab") if log else None
     return subprocess.Popen(
         args,
-        cwd=ROOT,
+        cwd=cwd,
         env=environment,
         stdout=out or subprocess.DEVNULL,
         stderr=out,
@@ -374,14 +381,17 @@ def write_price_book(directory: Path) -> Path:
 
 
 def start_gateway(
-    port: int, env: dict[str, str | None], workers: int, log: Path
+    port: int, env: dict[str, str | None], workers: int, log: Path, tree: Path = ROOT
 ) -> subprocess.Popen[bytes]:
-    """The real `cstack gateway` process (its own process group, like a container's)."""
+    """The real `cstack gateway` process (its own process group, like a container's), of
+    the checkout at ``tree``."""
     from serving.process import free_port
 
     command = [sys.executable, "-m", "deploy.cli", "gateway", "--port", str(port)]
     command += ["--internal-port", str(free_port()), "--workers", str(workers)]
-    process = start_process(command, env, log)
+    if tree != ROOT:  # its own code first, ahead of this checkout's editable install
+        env = {**env, "PYTHONPATH": str(tree)}
+    process = start_process(command, env, log, cwd=tree)
     wait_http(f"http://127.0.0.1:{port}/readyz", process)
     return process
 
@@ -600,6 +610,11 @@ def main() -> None:
         "--upstream-delay-ms", type=float, default=20.0, help="the upstream's answer time, part 2"
     )
     parser.add_argument("--litellm", default="", help="LiteLLM's `litellm` executable")
+    parser.add_argument(
+        "--baseline-tree",
+        default="",
+        help="another checkout of the project: its gateway, billing on, as a row of its own",
+    )
     parser.add_argument("--ledger-url", default="", help="the ledger (default: SQLite, temp)")
     parser.add_argument("--vllm-url", default="", help="also measure TTFT overhead on a real vLLM")
     parser.add_argument("--vllm-seconds", type=float, default=15.0)
@@ -611,6 +626,9 @@ def main() -> None:
     litellm = shutil.which(args.litellm) if args.litellm else None
     if args.litellm and litellm is None:
         parser.error(f"--litellm {args.litellm}: no such executable")
+    baseline = Path(args.baseline_tree).resolve() if args.baseline_tree else None
+    if baseline is not None and not (baseline / "deploy" / "cli.py").is_file():
+        parser.error(f"--baseline-tree {args.baseline_tree}: not a checkout of this project")
 
     # Here, not at the top: the upstream process (above) imports nothing of the project.
     from serving.process import free_port
@@ -637,15 +655,19 @@ def main() -> None:
             "CSTACK_USAGE_SPOOL_DIR": str(work / "spool"),
         }
         configurations = [
-            (HEADLINE, billed, 1),
-            ("gateway, billing off", {**billed, "CSTACK_BILLING": "false"}, 1),
-            ("gateway, billing on, --workers 2", billed, 2),
+            (HEADLINE, billed, 1, ROOT),
+            ("gateway, billing off", {**billed, "CSTACK_BILLING": "false"}, 1, ROOT),
+            ("gateway, billing on, --workers 2", billed, 2, ROOT),
         ]
+        if baseline is not None:
+            configurations.append(
+                (f"gateway, billing on, build at {baseline.name}", billed, 1, baseline)
+            )
         key = make_key(redis_url, "bench")
         targets = [Target("direct", upstream_port, None)]
-        for name, env, workers in configurations:
+        for name, env, workers, tree in configurations:
             port = free_port()
-            processes.append(start_gateway(port, env, workers, work / "gateway.log"))
+            processes.append(start_gateway(port, env, workers, work / "gateway.log", tree))
             redis_pids = [valkey._process.pid] if env is billed else []
             targets.append(Target(name, port, key, [processes[-1].pid], redis_pids))
         if litellm:
