@@ -25,7 +25,8 @@ Record = dict[str, Any]
 Outcome = BaseException | None
 SendBatch = Callable[[list[Record]], Awaitable[Sequence[Outcome]]]
 Unawaited = Callable[[Record, BaseException], None]
-#: A record made when its batch goes (None: nothing to send, its maker said why).
+#: A record made when its batch goes (None: nothing to send, its maker said why). It must
+#: not raise: it runs inside the batch, whose other records would go with it.
 Deferred = Callable[[], Record | None]
 Waiting = tuple[Record | Deferred, "asyncio.Future[None] | None"]
 
