@@ -47,7 +47,7 @@ def engine_for_variant(
     args = engine_args_to_cli(engine_args)
     env = {"VLLM_CPU_KVCACHE_SPACE": str(settings.vllm_cpu_kvcache_gib)} if profile == "cpu" else {}
     if weight_sync:
-        args += engine_args_to_cli(book.weight_sync.engine_args)
+        args += engine_args_to_cli(book.weight_sync.engine_args_for(profile))
         env.update(book.weight_sync.env)
     if eager:
         args.append("--enforce-eager")

@@ -36,6 +36,11 @@ class WeightSync:
 
     env: dict[str, str] = field(default_factory=dict)
     engine_args: dict[str, Any] = field(default_factory=dict)
+    #: Further engine arguments under a serving profile (``cpu``, ``gpu``).
+    profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def engine_args_for(self, profile: str) -> dict[str, Any]:
+        return {**self.engine_args, **self.profiles.get(profile, {})}
 
 
 @dataclass(frozen=True)
@@ -141,6 +146,7 @@ def load_variants(path: Path) -> VariantBook:
         weight_sync=WeightSync(
             env={k: str(v) for k, v in (sync.get("env") or {}).items()},
             engine_args=dict(sync.get("engine_args") or {}),
+            profiles={k: dict(v or {}) for k, v in (sync.get("profiles") or {}).items()},
         ),
     )
 

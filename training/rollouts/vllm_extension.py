@@ -20,12 +20,23 @@ model) are not in the trainer's checkpoint and stay as they are.
 ``cstack_receive_weights`` is the same reload fed from the trainer's broadcast instead of
 from disk (weight_transport.py).
 
+On CPUs with AMX tiles, vLLM 0.32 packs MLA's up-projections (its AMX MLA backend) and
+small linear weights (its sgl GEMM) into tensors only its kernels hold, leaving the layers
+empty weights: an in-place reload then fails ("The size of tensor a (0) must match the size
+of tensor b (512)") and leaves the engine paused. So a worker that loads this extension
+runs vLLM's kernels for CPUs without AMX (``_without_amx``, when the worker imports this
+module, before it builds the model; the engine is also started with the reference CPU MLA
+backend, the variants file's ``weight_sync`` profile for CPUs, so that its block size
+agrees).
+
 Only vLLM, torch and the torch-only weight_transport are imported here, and only inside the
-methods: this module is loaded by every vLLM worker process.
+methods or in a process that has imported vLLM already: this module is loaded by every vLLM
+worker process.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 #: ``--worker-extension-cls`` value for engines the RL trainer pushes weights into.
@@ -159,3 +170,16 @@ class WeightReloadExtension:
                         module.register_parameter(name, param)
                 repacked += 1
         return repacked
+
+
+def _without_amx() -> None:
+    """In a vLLM process: report no AMX tiles to vLLM's kernel choices (see the module
+    docstring); elsewhere (the trainer reads this module's constants) nothing."""
+    if "vllm" not in sys.modules:
+        return
+    import torch
+
+    torch.cpu._is_amx_tile_supported = lambda: False
+
+
+_without_amx()
