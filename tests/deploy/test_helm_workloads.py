@@ -130,6 +130,22 @@ def test_vllm_takes_live_weight_pushes_only_when_the_trainer_runs(
             assert (env.get(name, {}).get("value") == value) is trainer
 
 
+def test_a_cpu_engine_taking_weight_pushes_gets_the_weight_sync_cpu_arguments(
+    render: Render, production_values: dict[str, Any]
+) -> None:
+    """The variants file's weight_sync profile for cpu (the reference CPU MLA backend, which
+    an in-place reload can write) reaches a cpu engine, as `cstack serve --weight-sync`
+    gives it; a gpu engine does not get it."""
+    extra = load_variants(REPO / "serving" / "variants.yaml").weight_sync.profiles["cpu"]
+    assert extra  # the section this test is about
+    for profile in ("cpu", "gpu"):
+        values = {**production_values, "vllm": {**production_values["vllm"], "profile": profile}}
+        container = containers(find(render(values), "Deployment", "-vllm-fast"))[0]
+        flags = _flag_pairs(container["args"])
+        for key, value in extra.items():
+            assert ((f"--{key}", str(value)) in flags) is (profile == "cpu")
+
+
 def test_gateway_drains_within_its_pods_termination_grace(render: Render) -> None:
     for grace in (50, 300):
         manifests = render({**SECRET_REFERENCE, "gateway": {"shutdownGraceSeconds": grace}})

@@ -218,6 +218,10 @@ Helm's maps iterate in key order, so flags come out sorted by name.
 {{- range $key, $value := (default dict $book.weight_sync.engine_args) -}}
 {{- $_ := set $args $key $value -}}
 {{- end -}}
+{{- /* And those of its serving profile (the reference CPU MLA backend on cpu). */ -}}
+{{- range $key, $value := (default dict (index (default dict $book.weight_sync.profiles) $root.Values.vllm.profile)) -}}
+{{- $_ := set $args $key $value -}}
+{{- end -}}
 {{- end -}}
 {{- toJson $args -}}
 {{- end -}}
