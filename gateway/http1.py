@@ -120,8 +120,18 @@ class Connection(asyncio.Protocol):
         assert self.transport is not None
         self.response = Response(self)
         self.keep_alive = False
+        try:
+            if not self.alive or self.transport.is_closing():
+                raise RuntimeError("the transport is closing")
+            self.transport.write(request)
+        except RuntimeError:
+            # Closed since it was picked (the upstream died and its connection_lost has not
+            # run yet): uvloop raises RuntimeError on the write. Nothing was sent, so the
+            # request may go elsewhere, as after a refused connection.
+            self.alive = False
+            self.response.finish(UpstreamConnectError("upstream closed the connection"))
+            return self.response
         self._arm_timer()
-        self.transport.write(request)
         return self.response
 
     def release(self, reusable: bool) -> None:

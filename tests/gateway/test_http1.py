@@ -69,3 +69,44 @@ def test_a_request_waiting_at_the_limit_gets_the_released_slot(vllm_url: str) ->
             pool.close()
 
     assert asyncio.run(exchange()) == (200, 200, 0)
+
+
+def test_a_pooled_connection_closed_before_its_reuse_sends_on_a_fresh_one(vllm_url: str) -> None:
+    """An upstream that dies leaves its pooled connections closed before their
+    ``connection_lost`` runs, and uvloop (the gateway's loop) raises RuntimeError ("unable
+    to perform operation on <TCPTransport closed=True ...>; the handler is closed") on a
+    write to one: seen when a replica was killed under load, it was a 500. Nothing was
+    sent, so the request goes on a fresh connection instead. That moment cannot be timed
+    from outside, so the pooled connection's transport is swapped for one in that state."""
+    import uvloop
+
+    class ClosedHandle:
+        def is_closing(self) -> bool:
+            return False  # the state seen: closed underneath, not yet said so
+
+        def write(self, data: bytes) -> None:
+            raise RuntimeError("unable to perform operation on <TCPTransport closed=True>")
+
+        def abort(self) -> None:
+            pass
+
+        def resume_reading(self) -> None:
+            pass
+
+    async def exchange() -> tuple[int, int]:
+        pool = ConnectionPool(vllm_url, limit=8, connect_timeout_s=5, read_timeout_s=60)
+        try:
+            assert await pool.get_status("/health") == 200
+            (pooled,) = pool._idle
+            real = pooled.transport
+            assert real is not None
+            pooled.transport = ClosedHandle()  # type: ignore[assignment]
+            status = await pool.get_status("/health")
+            real.abort()
+            return status, pool.opened
+        finally:
+            pool.close()
+
+    status, opened = uvloop.run(exchange())
+    assert status == 200
+    assert opened == 2
