@@ -86,7 +86,10 @@ def _check_step(world: int, parallel: ParallelConfig) -> None:
     ref_state = expected["state"]
     assert isinstance(ref_state, dict)
     for name, value in trainer.model.state_dict().items():
-        torch.testing.assert_close(_full(value), ref_state[name], rtol=1e-4, atol=1e-5)
+        # The gradients agree to 1e-6 above; Muon's Newton-Schulz iterations magnify their
+        # last-bit differences in the update (on a CPU with AMX, whose matmul kernels sum in
+        # another order, one element of 256 was seen 1.2e-5 off after the step).
+        torch.testing.assert_close(_full(value), ref_state[name], rtol=1e-4, atol=3e-5)
 
 
 def _worker(rank: int, world: int) -> None:
