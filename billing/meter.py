@@ -56,6 +56,11 @@ class Admission:
     reserved_nano_usd: int = 0
     #: Billing's own handle for the reservation; opaque to the gateway.
     reservation_id: str | None = None
+    #: About how many more requests like this one the key's rate limits and the org's
+    #: budget admitted right after it (None: not known, e.g. admitted without Redis). The
+    #: gateway sends a key's next request upstream while its admission is still on the way
+    #: only where this was comfortably above one (``gateway.admission``).
+    headroom: int | None = None
 
 
 RefusalCode = Literal["rate_limit_exceeded", "insufficient_quota", "billing_unavailable"]

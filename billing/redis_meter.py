@@ -309,11 +309,17 @@ class RedisMeter:
             request.request_id,
             request.max_duration_s,
         )
+        worst_nano = worst.allowance_consumed_nano
         return Admission(
             request=request,
             headers=headers,
-            reserved_nano_usd=worst.allowance_consumed_nano,
+            reserved_nano_usd=worst_nano,
             reservation_id=reservation_id,
+            headroom=min(
+                int(reply[1]),
+                int(reply[3]) // max(1, tokens),
+                int(reply[6]) // worst_nano if worst_nano > 0 else int(reply[1]),
+            ),
         )
 
     def _shard(self, org_id: str) -> str:

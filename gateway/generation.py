@@ -1,5 +1,7 @@
 """``/v1/chat/completions``, ``/v1/completions`` and ``/v1/responses`` (served as the chat
 completion it translates to: gateway.responses): auth, validation, tier, admission, relay.
+A key clear of its limits has its request sent upstream while its admission is on its
+way (``gateway.admission``).
 
 The request body is validated once by pydantic (in Rust) and the upstream body is
 serialised once from the validated model. vLLM is always asked for a stream with
@@ -34,6 +36,8 @@ fewer than the bytes of the fields that asked for them, so the prompt bound stil
 from __future__ import annotations
 
 import asyncio
+import functools
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -44,6 +48,7 @@ from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
 from billing.meter import Admission, AdmissionRefused, AdmissionRequest, Meter
+from gateway.admission import AdmissionStanding, refusal_error
 from gateway.assemble import Assembler, ChatAssembler, CompletionAssembler
 from gateway.auth import Authenticator
 from gateway.errors import GatewayError, bad_request
@@ -127,6 +132,7 @@ class GenerationHandler:
         self._router = router
         self._meter = meter
         self._relay = relay
+        self._standing = AdmissionStanding()
 
     async def handle(self, request: Request, endpoint: Endpoint) -> Response:
         # The maximum duration counts from arrival: auth and admission are part of it.
@@ -155,7 +161,15 @@ class GenerationHandler:
             customer_id=principal.customer_id,
             max_duration_s=self._settings.max_request_duration_s,
         )
-        admission = await self._admit(admission_request)
+        admission: Admission | None = None
+        overlapped = self._settings.overlap_admission and self._standing.overlaps(
+            principal.key.key_id
+        )
+        if not overlapped:
+            try:
+                admission = await self._admit(admission_request)
+            except AdmissionRefused as refused:
+                raise refusal_error(refused) from None
         if route.tier == "fast" and principal.fast_overflow:
             route = self._overflow(parsed, route, shape)
             request.scope[TIER] = route.tier
@@ -175,38 +189,51 @@ class GenerationHandler:
         per_prompt = shape.n if isinstance(parsed, CompletionRequest) else None
         created = int(exchange.started_at.timestamp())
         path = endpoint.upstream_path
-        try:
-            if parsed.stream:
-                writer: EventWriter
-                if responses is not None:
-                    writer = ResponseEventWriter(
-                        responses, request_id, created, route.public_model, route.tier
-                    )
-                else:
-                    options = parsed.stream_options
-                    writer = StreamRewriter(
-                        route.public_model,
-                        route.tier,
-                        include_usage=bool(options and options.include_usage),
-                        continuous_usage=bool(options and options.continuous_usage_stats),
-                        choices_per_prompt=per_prompt,
-                    )
-                response = await self._relay.stream(
-                    exchange, request.receive, path, shape.upstream_body, writer
+        answer: Callable[[], Awaitable[Response]]
+        if parsed.stream:
+            writer: EventWriter
+            if responses is not None:
+                writer = ResponseEventWriter(
+                    responses, request_id, created, route.public_model, route.tier
                 )
             else:
-                assembler: Assembler
-                if responses is not None:
-                    assembler = ResponseAssembler(responses, request_id, created)
-                elif isinstance(parsed, ChatCompletionRequest):
-                    assembler = ChatAssembler(parsed.tool_choice)
-                else:
-                    assembler = CompletionAssembler(per_prompt)
-                response = await self._relay.complete(
-                    exchange, request.receive, path, shape.upstream_body, assembler
+                options = parsed.stream_options
+                writer = StreamRewriter(
+                    route.public_model,
+                    route.tier,
+                    include_usage=bool(options and options.include_usage),
+                    continuous_usage=bool(options and options.continuous_usage_stats),
+                    choices_per_prompt=per_prompt,
                 )
+            answer = functools.partial(
+                self._relay.stream, exchange, request.receive, path, shape.upstream_body, writer
+            )
+        else:
+            assembler: Assembler
+            if responses is not None:
+                assembler = ResponseAssembler(responses, request_id, created)
+            elif isinstance(parsed, ChatCompletionRequest):
+                assembler = ChatAssembler(parsed.tool_choice)
+            else:
+                assembler = CompletionAssembler(per_prompt)
+            answer = functools.partial(
+                self._relay.complete,
+                exchange,
+                request.receive,
+                path,
+                shape.upstream_body,
+                assembler,
+            )
+        if overlapped:
+            # Started last: from here the relay owns it, and settles it however the request
+            # ends.
+            exchange.admitting = asyncio.get_running_loop().create_task(
+                self._admit(admission_request)
+            )
+        try:
+            response = await answer()
         except GatewayError as exc:
-            exc.headers = {**admission.headers, **exc.headers, TIER_HEADER: route.tier}
+            exc.headers = {**exchange.headers, **exc.headers, TIER_HEADER: route.tier}
             raise
         # Appended raw: building MutableHeaders for one header costs more on the hot path.
         response.raw_headers.append(_TIER_HEADERS[route.tier])
@@ -227,23 +254,16 @@ class GenerationHandler:
         return standard
 
     async def _admit(self, admission_request: AdmissionRequest) -> Admission:
+        """Billing's admission; whether the key's next request may be overlapped with its
+        own follows the outcome."""
+        key_id = admission_request.key_id
         try:
-            return await self._meter.admit(admission_request)
-        except AdmissionRefused as refused:
-            headers = dict(refused.headers)
-            if refused.retry_after_s is not None:
-                headers["retry-after"] = str(refused.retry_after_s)
-            error_type = {
-                "insufficient_quota": "insufficient_quota",
-                "billing_unavailable": "server_error",
-            }.get(refused.code, "requests")
-            raise GatewayError(
-                refused.status_code,
-                refused.message,
-                type=error_type,
-                code=refused.code,
-                headers=headers,
-            ) from None
+            admission = await self._meter.admit(admission_request)
+        except AdmissionRefused:
+            self._standing.refused(key_id)
+            raise
+        self._standing.granted(key_id, admission)
+        return admission
 
     def shape(self, parsed: SamplingParams, route: TierRoute, body_bytes: int) -> Shape:
         """The body vLLM gets, and the most the request may cost (for admission)."""

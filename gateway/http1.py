@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from urllib.parse import urlsplit
 
 import httptools
@@ -253,8 +253,18 @@ class ConnectionPool:
         #: Connections opened so far: with keep-alive working, about the peak concurrency.
         self.opened = 0
 
-    async def request(self, path: str, body: bytes, headers: dict[str, str]) -> Response:
-        """POST and wait for the response head (the body is read from the response)."""
+    async def request(
+        self,
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        meanwhile: Callable[[], Awaitable[object]] | None = None,
+    ) -> Response:
+        """POST and wait for the response head (the body is read from the response).
+
+        ``meanwhile``: the caller's work to do while the upstream works on the request,
+        awaited once the request is written and before its head is: what it raises
+        abandons the request (its connection is dropped, which aborts it upstream)."""
         head = [
             f"POST {path} HTTP/1.1\r\nhost: ".encode(),
             self.host_header,
@@ -264,7 +274,7 @@ class ConnectionPool:
         for name, value in headers.items():
             head.append(f"{name}: {value}\r\n".encode())
         head.append(b"content-length: %d\r\n\r\n" % len(body))
-        return await self._exchange(b"".join(head) + body)
+        return await self._exchange(b"".join(head) + body, meanwhile)
 
     async def get_status(self, path: str) -> int:
         """A GET whose body is discarded (health checks)."""
@@ -282,11 +292,15 @@ class ConnectionPool:
         finally:
             response.close()
 
-    async def _exchange(self, request: bytes) -> Response:
-        """Send ``request`` and wait for the response head."""
+    async def _exchange(
+        self, request: bytes, meanwhile: Callable[[], Awaitable[object]] | None = None
+    ) -> Response:
+        """Send ``request`` (then await ``meanwhile``) and wait for the response head."""
         connection, reused = await self._acquire()
         response = connection.send(request)
         try:
+            if meanwhile is not None:
+                await meanwhile()
             await response.head
         except UpstreamConnectError:
             response.close()

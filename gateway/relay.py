@@ -1,5 +1,11 @@
 """Forwarding one admitted request to its tier's pool and relaying the answer back.
 
+A request whose admission is overlapped (``gateway.admission``) is written upstream
+first, and its admission awaited before its answer: a refusal drops the upstream
+connection (vLLM aborts the request) and is the client's answer. The admission runs as a
+task of its own, which cancelling the request does not cancel: one that was granted
+after its request ended is settled when it is.
+
 Every request admitted by billing is settled exactly once (``Meter.settle``, or
 ``Meter.settle_nowait`` once its answer is complete), however it ends:
 complete, client disconnect (the upstream connection is closed so vLLM aborts the
@@ -23,7 +29,8 @@ import pydantic_core
 from fastapi.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from billing.meter import Admission, Meter, Outcome, UsageReport
+from billing.meter import Admission, AdmissionRefused, Meter, Outcome, UsageReport
+from gateway.admission import refusal_error
 from gateway.assemble import Assembler
 from gateway.auth import Principal
 from gateway.capacity import EngineBusy
@@ -57,7 +64,8 @@ class Exchange:
     request_id: str
     route: TierRoute
     principal: Principal
-    admission: Admission
+    #: None while an overlapped admission is on its way (``admitting``), or once refused.
+    admission: Admission | None
     started_at: datetime
     #: Event-loop time at which the request has run its maximum duration.
     deadline: float
@@ -67,6 +75,13 @@ class Exchange:
     prefix: PrefixKey | None = None
     started: float = field(default_factory=time.perf_counter)
     settled: bool = False
+    #: The overlapped admission still on its way (``gateway.admission``).
+    admitting: asyncio.Task[Admission] | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The admission's response headers (``x-ratelimit-*``), once it is known."""
+        return self.admission.headers if self.admission is not None else {}
 
 
 class ClientGone(Exception):
@@ -141,21 +156,61 @@ class Relay:
         for billing's write, nor the gateway for a task of its own (the meter sends it with
         the settlements of the moment, and its close sends what is still gathered)."""
         report = self._report(exchange, outcome, usage)
-        if report is not None:
-            try:
-                self._meter.settle_nowait(exchange.admission, report)
-            except Exception:
-                logger.exception("billing settle failed for request %s", exchange.request_id)
+        if report is None:
+            return
+        if exchange.admission is None:
+            self._settle_once_admitted(exchange, report)
+            return
+        try:
+            self._meter.settle_nowait(exchange.admission, report)
+        except Exception:
+            logger.exception("billing settle failed for request %s", exchange.request_id)
 
     async def settle(self, exchange: Exchange, outcome: Outcome, usage: dict[str, Any]) -> None:
         """Report usage once and wait until billing has it; billing errors are logged,
         never turned into client errors."""
         report = self._report(exchange, outcome, usage)
-        if report is not None:
+        if report is None:
+            return
+        if exchange.admission is None:
+            self._settle_once_admitted(exchange, report)
+            return
+        try:
+            await self._meter.settle(exchange.admission, report)
+        except Exception:
+            logger.exception("billing settle failed for request %s", exchange.request_id)
+
+    def _settle_once_admitted(self, exchange: Exchange, report: UsageReport) -> None:
+        """Settle an overlapped admission when it arrives, if it was granted (a refused
+        one holds nothing): the request ended first, cancelled or failed upstream."""
+        admitting = exchange.admitting
+        if admitting is None:  # refused: nothing was reserved
+            return
+
+        def arrived(task: asyncio.Task[Admission]) -> None:
+            if task.cancelled() or task.exception() is not None:
+                return
             try:
-                await self._meter.settle(exchange.admission, report)
+                self._meter.settle_nowait(task.result(), report)
             except Exception:
-                logger.exception("billing settle failed for request %s", exchange.request_id)
+                logger.exception("billing settle failed for request %s", report.request_id)
+
+        admitting.add_done_callback(arrived)
+
+    async def _admitted(self, exchange: Exchange) -> None:
+        """Wait for the request's overlapped admission, if it is on its way; a refusal
+        ends the request with billing's answer. Shielded: a request cancelled meanwhile
+        leaves its admission running, to be settled when it arrives."""
+        admitting = exchange.admitting
+        if admitting is None:
+            return
+        try:
+            admission = await asyncio.shield(admitting)
+        except AdmissionRefused as refused:
+            exchange.admitting = None
+            self._report(exchange, "upstream_error", {})  # counted as ended, billed nothing
+            raise refusal_error(refused) from None
+        exchange.admission, exchange.admitting = admission, None
 
     def _report(
         self, exchange: Exchange, outcome: Outcome, usage: dict[str, Any]
@@ -171,6 +226,8 @@ class Relay:
         self._inflight[route.tier].dec()
         self._tokens_in[route.tier].inc(prompt)
         self._tokens_out[route.tier].inc(completion)
+        if exchange.admission is None and exchange.admitting is None:
+            return None  # refused: nothing to bill
         key = exchange.principal.key
         return UsageReport(
             request_id=exchange.request_id,
@@ -195,9 +252,15 @@ class Relay:
             self._inflight[exchange.route.tier].inc()
         headers = {"content-type": "application/json", "x-request-id": exchange.request_id}
         pool = self._pools[exchange.route.tier]
+        meanwhile = functools.partial(self._admitted, exchange) if exchange.admitting else None
         try:
-            return await pool.open(path, body, headers, avoid, exchange.sequences, exchange.prefix)
+            return await pool.open(
+                path, body, headers, avoid, exchange.sequences, exchange.prefix, meanwhile
+            )
+        except GatewayError:
+            raise  # the overlapped admission refused (nothing to settle)
         except EngineBusy as exc:
+            await self._admitted(exchange)  # billing's refusal comes first, as without overlap
             await self.settle(exchange, "upstream_error", {})
             raise GatewayError(
                 503,
@@ -209,12 +272,14 @@ class Relay:
         except NoUpstreamAvailable as exc:
             # The reason names replicas' addresses: for the log, never for the client.
             logger.warning("request %s: no upstream could serve it: %s", exchange.request_id, exc)
+            await self._admitted(exchange)
             await self.settle(exchange, "upstream_error", {})
             raise upstream_unavailable(
                 "No model server could take the request; retry shortly."
             ) from None
         except UpstreamTimeout as exc:
             logger.warning("request %s: %s", exchange.request_id, exc)
+            await self._admitted(exchange)
             await self.settle(exchange, "upstream_error", {})
             raise upstream_unavailable("The model server timed out.", status_code=504) from None
         except BaseException:
@@ -280,7 +345,7 @@ class Relay:
         response = Response(
             pydantic_core.to_json(data),
             media_type="application/json",
-            headers=exchange.admission.headers,
+            headers=exchange.headers,
         )
         self.settle_soon(exchange, "complete", assembler.usage)
         return response
@@ -303,7 +368,7 @@ class Relay:
             await self.settle(exchange, "upstream_error", {})
             raise upstream_error(upstream.response.status, content)
         pump = functools.partial(self._pump, exchange, upstream, rewriter)
-        return SSEResponse(pump, exchange.admission.headers, exchange.deadline)
+        return SSEResponse(pump, exchange.headers, exchange.deadline)
 
     async def _pump(
         self,
@@ -369,7 +434,7 @@ def max_duration_exceeded(exchange: Exchange) -> GatewayError:
         "generated until then is billed. Lower max_tokens, or stream the answer.",
         type="server_error",
         code=MAX_DURATION_CODE,
-        headers={"x-should-retry": "false", **exchange.admission.headers},
+        headers={"x-should-retry": "false", **exchange.headers},
     )
 
 

@@ -13,7 +13,7 @@ import contextlib
 import itertools
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from gateway.capacity import EngineSlots, SlotPolicy
@@ -172,10 +172,13 @@ class UpstreamPool:
         avoid: Replica | None = None,
         sequences: int = 1,
         key: PrefixKey | None = None,
+        meanwhile: Callable[[], Awaitable[object]] | None = None,
     ) -> UpstreamResponse:
         """Send to the best replica (never ``avoid``: it just failed this request), once
         its engine has slots for the request's ``sequences`` (``EngineBusy`` if it has not
-        within the pool's queue wait)."""
+        within the pool's queue wait). ``meanwhile`` is awaited once the request is
+        written, before its answer (``ConnectionPool.request``); it may be awaited again
+        if the request is sent again elsewhere, so it must be idempotent."""
         tried: set[Replica] = set() if avoid is None else {avoid}
         last_error = "no upstream replica configured"
         turn = next(self._rotation)
@@ -191,7 +194,7 @@ class UpstreamPool:
                 taken = await replica.slots.take(self.tier, self.max_queue_wait_s, sequences)
             replica.outstanding += 1
             try:
-                response = await replica.client.request(path, content, headers)
+                response = await replica.client.request(path, content, headers, meanwhile)
             except UpstreamReadTimeout:
                 release(replica, self.tier, taken)
                 self.count_error("timeout")

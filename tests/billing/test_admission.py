@@ -46,6 +46,9 @@ async def test_admit_reserves_worst_case_and_settle_charges_actual(meter: RedisM
     assert admission.headers["x-ratelimit-limit-requests"] == "600"
     assert admission.headers["x-ratelimit-remaining-requests"] == "599"
     assert admission.headers["x-ratelimit-remaining-tokens"] == str(2_000_000 - 150)
+    # As many more like it fit under the key's rate limits and the org's budget: the
+    # requests per minute bind first.
+    assert admission.headroom == 599
     period = str(admission.reservation_id).split("/")[0]
     assert await budget(meter, "org-settle", period) == {"reserved": worst}
 
