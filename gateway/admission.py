@@ -18,6 +18,12 @@ sends the key's requests back to waiting for admission until it is clear again: 
 key at its limit sends never reaches an engine, and the overlapped requests refused are
 at most those a key sends within one round trip of crossing a limit it could not see
 coming (its org suspended, a budget spent by its other keys).
+
+A request is overlapped only while no other admission of its gateway process is on its
+way. Then the round trip would be the request's alone; otherwise its admission joins the
+others' in one write to Redis, and a busy process keeps the CPU an overlap costs (a task
+of its own, and fewer events handled per wake-up of the event loop: measured at
+saturation in ``bench/RESULTS.md``).
 """
 
 from __future__ import annotations

@@ -20,20 +20,26 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
 import pydantic_core
 from fastapi.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Receive
 
 from billing.meter import Admission, AdmissionRefused, Meter, Outcome, UsageReport
 from gateway.admission import refusal_error
 from gateway.assemble import Assembler
 from gateway.auth import Principal
 from gateway.capacity import EngineBusy
+from gateway.downstream import (
+    ClientGone,
+    SendEvent,
+    SSEResponse,
+    client_closed_request,
+    until_disconnect,
+)
 from gateway.errors import GatewayError, upstream_unavailable
 from gateway.http1 import UpstreamCut, UpstreamReadTimeout
 from gateway.metrics import GatewayMetrics
@@ -50,11 +56,6 @@ from gateway.upstream import (
 from serving.tiers import ANSWER_SERVICE_TIERS
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
-SendEvent = Callable[[bytes], Awaitable[None]]
-#: After its deadline a stream gets this long to deliver its error event and end; a
-#: client that reads nothing cannot keep the request alive past it.
-END_GRACE_S = 10.0
 
 
 @dataclass
@@ -82,39 +83,6 @@ class Exchange:
     def headers(self) -> dict[str, str]:
         """The admission's response headers (``x-ratelimit-*``), once it is known."""
         return self.admission.headers if self.admission is not None else {}
-
-
-class ClientGone(Exception):
-    """The client disconnected before the answer was ready."""
-
-
-async def until_disconnect(receive: Receive, work: Awaitable[T]) -> T:
-    """Await ``work`` unless the client hangs up first (then cancel it: ``ClientGone``).
-
-    One watcher task cancels the request's own task on ``http.disconnect``: cheaper on
-    the hot path than running ``work`` as a task of its own and waiting on both.
-    """
-    current = asyncio.current_task()
-    assert current is not None
-    gone = False
-
-    async def watch() -> None:
-        nonlocal gone
-        while (await receive())["type"] != "http.disconnect":
-            pass
-        gone = True
-        current.cancel()
-
-    watcher = asyncio.create_task(watch())
-    try:
-        return await work
-    except asyncio.CancelledError:
-        if not gone:
-            raise
-        current.uncancel()
-        raise ClientGone() from None
-    finally:
-        watcher.cancel()
 
 
 class Relay:
@@ -447,11 +415,6 @@ def stream_error(error: dict[str, Any] | None) -> GatewayError:
     return upstream_error(status, pydantic_core.to_json({"error": error}))
 
 
-def client_closed_request() -> Response:
-    """Nobody reads it; 499 (nginx's "client closed request") is what metrics count."""
-    return Response(status_code=499)
-
-
 def upstream_error(status: int, content: bytes) -> GatewayError:
     """An upstream's non-200 answer in OpenAI's shape: a 4xx (the request was at fault)
     passes on as it is; a 5xx becomes a 502 whose message says nothing of the engine's
@@ -472,41 +435,3 @@ def upstream_error(status: int, content: bytes) -> GatewayError:
             502, "The model server failed the request.", type="server_error", code="upstream_error"
         )
     return GatewayError(status, message, param=param, code=code)
-
-
-class SSEResponse(Response):
-    """Server-sent events relayed from upstream; a client hang-up cancels the relay."""
-
-    media_type = "text/event-stream"
-
-    def __init__(
-        self,
-        pump: Callable[[SendEvent], Awaitable[None]],
-        headers: dict[str, str],
-        deadline: float,
-    ):
-        # Not Response.__init__: it would render an empty body and send content-length: 0.
-        self.status_code = 200
-        self.background = None
-        self.init_headers({**headers, "cache-control": "no-cache"})
-        self._pump = pump
-        self._deadline = deadline
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send(
-            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
-        )
-
-        async def send_event(event: bytes) -> None:
-            await send({"type": "http.response.body", "body": event, "more_body": True})
-
-        try:
-            async with asyncio.timeout_at(self._deadline + END_GRACE_S):
-                try:
-                    await until_disconnect(receive, self._pump(send_event))
-                except ClientGone:
-                    return
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except TimeoutError:
-            # The pump has settled; uvicorn closes a connection whose response is unfinished.
-            logger.warning("a stream's client read nothing past the deadline; dropped")

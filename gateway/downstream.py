@@ -1,0 +1,95 @@
+"""The client's side of a relayed request: noticing that it hung up, and the response
+that relays a stream of server-sent events to it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from fastapi.responses import Response
+from starlette.types import Receive, Scope, Send
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+SendEvent = Callable[[bytes], Awaitable[None]]
+#: After its deadline a stream gets this long to deliver its error event and end; a
+#: client that reads nothing cannot keep the request alive past it.
+END_GRACE_S = 10.0
+
+
+class ClientGone(Exception):
+    """The client disconnected before the answer was ready."""
+
+
+async def until_disconnect(receive: Receive, work: Awaitable[T]) -> T:
+    """Await ``work`` unless the client hangs up first (then cancel it: ``ClientGone``).
+
+    One watcher task cancels the request's own task on ``http.disconnect``: cheaper on
+    the hot path than running ``work`` as a task of its own and waiting on both.
+    """
+    current = asyncio.current_task()
+    assert current is not None
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        gone = True
+        current.cancel()
+
+    watcher = asyncio.create_task(watch())
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        current.uncancel()
+        raise ClientGone() from None
+    finally:
+        watcher.cancel()
+
+
+def client_closed_request() -> Response:
+    """Nobody reads it; 499 (nginx's "client closed request") is what metrics count."""
+    return Response(status_code=499)
+
+
+class SSEResponse(Response):
+    """Server-sent events relayed from upstream; a client hang-up cancels the relay."""
+
+    media_type = "text/event-stream"
+
+    def __init__(
+        self,
+        pump: Callable[[SendEvent], Awaitable[None]],
+        headers: dict[str, str],
+        deadline: float,
+    ):
+        # Not Response.__init__: it would render an empty body and send content-length: 0.
+        self.status_code = 200
+        self.background = None
+        self.init_headers({**headers, "cache-control": "no-cache"})
+        self._pump = pump
+        self._deadline = deadline
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+
+        async def send_event(event: bytes) -> None:
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+
+        try:
+            async with asyncio.timeout_at(self._deadline + END_GRACE_S):
+                try:
+                    await until_disconnect(receive, self._pump(send_event))
+                except ClientGone:
+                    return
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except TimeoutError:
+            # The pump has settled; uvicorn closes a connection whose response is unfinished.
+            logger.warning("a stream's client read nothing past the deadline; dropped")
