@@ -123,11 +123,8 @@ class Relay:
         """Settle once the answer is complete, without waiting: the client does not wait
         for billing's write, nor the gateway for a task of its own (the meter sends it with
         the settlements of the moment, and its close sends what is still gathered)."""
-        report = self._report(exchange, outcome, usage)
-        if report is None:
-            return
-        if exchange.admission is None:
-            self._settle_once_admitted(exchange, report)
+        report = self._report_admitted(exchange, outcome, usage)
+        if report is None or exchange.admission is None:
             return
         try:
             self._meter.settle_nowait(exchange.admission, report)
@@ -137,16 +134,24 @@ class Relay:
     async def settle(self, exchange: Exchange, outcome: Outcome, usage: dict[str, Any]) -> None:
         """Report usage once and wait until billing has it; billing errors are logged,
         never turned into client errors."""
-        report = self._report(exchange, outcome, usage)
-        if report is None:
-            return
-        if exchange.admission is None:
-            self._settle_once_admitted(exchange, report)
+        report = self._report_admitted(exchange, outcome, usage)
+        if report is None or exchange.admission is None:
             return
         try:
             await self._meter.settle(exchange.admission, report)
         except Exception:
             logger.exception("billing settle failed for request %s", exchange.request_id)
+
+    def _report_admitted(
+        self, exchange: Exchange, outcome: Outcome, usage: dict[str, Any]
+    ) -> UsageReport | None:
+        """The report to settle now (``_report``); one whose admission is still on its
+        way is handed to it instead (then None)."""
+        report = self._report(exchange, outcome, usage)
+        if report is not None and exchange.admission is None:
+            self._settle_once_admitted(exchange, report)
+            return None
+        return report
 
     def _settle_once_admitted(self, exchange: Exchange, report: UsageReport) -> None:
         """Settle an overlapped admission when it arrives, if it was granted (a refused
