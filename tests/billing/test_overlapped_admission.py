@@ -124,6 +124,20 @@ def key_for(billing_settings: BillingSettings, org: str) -> str:
     return asyncio.run(create())
 
 
+def clear_key(url: str, billing_settings: BillingSettings, org: str) -> str:
+    """A new key of ``org`` whose first request went through: its next one is overlapped
+    (the first waits, nothing being known of the key yet)."""
+    token = key_for(billing_settings, org)
+    first = chat(url, token)
+    assert first.status_code == 200, first.text
+    return token
+
+
+def pause_billing(client: redis.Redis) -> None:
+    """Billing's scripts wait (reads, such as the key lookup, go on) until CLIENT UNPAUSE."""
+    client.execute_command("CLIENT", "PAUSE", 60_000, "WRITE")
+
+
 def chat(url: str, token: str) -> httpx.Response:
     return httpx.post(
         f"{url}/v1/chat/completions",
@@ -150,11 +164,8 @@ def test_a_clear_key_is_sent_upstream_before_its_admission_and_answered_after(
     sync_redis: redis.Redis,
     billing_settings: BillingSettings,
 ) -> None:
-    token = key_for(billing_settings, "org-overlap")
-    first = chat(gateway, token)  # the key's first request waits: nothing known of it yet
-    assert first.status_code == 200, first.text
-
-    sync_redis.execute_command("CLIENT", "PAUSE", 60_000, "WRITE")
+    token = clear_key(gateway, billing_settings, "org-overlap")
+    pause_billing(sync_redis)
     with ThreadPoolExecutor(1) as pool:
         second = pool.submit(chat, gateway, token)
         wait_for(lambda: len(upstream.arrived) == 2, 30, "the second request upstream")
@@ -181,12 +192,11 @@ def test_a_refusal_after_the_request_went_upstream_drops_it_there_and_is_the_ans
     sync_redis: redis.Redis,
     billing_settings: BillingSettings,
 ) -> None:
-    token = key_for(billing_settings, "org-overlap-refused")
-    assert chat(gateway, token).status_code == 200
+    token = clear_key(gateway, billing_settings, "org-overlap-refused")
     # Suspended between two requests: the key's standing cannot have seen it coming.
     sync_redis.set(keyspace(billing_settings).suspended_org("org-overlap-refused"), "in_test")
     upstream.hold.set()
-    sync_redis.execute_command("CLIENT", "PAUSE", 60_000, "WRITE")
+    pause_billing(sync_redis)
     with ThreadPoolExecutor(1) as pool:
         second = pool.submit(chat, gateway, token)
         wait_for(lambda: len(upstream.arrived) == 2, 30, "the second request upstream")
@@ -202,8 +212,10 @@ def test_a_refusal_after_the_request_went_upstream_drops_it_there_and_is_the_ans
     third = chat(gateway, token)
     assert third.status_code == 429 and third.json()["error"]["code"] == "insufficient_quota"
     assert len(upstream.arrived) == 2
-    time.sleep(0.2)  # let the first request's settlement batch go, if it had not
-    assert list(events_of(sync_redis, billing_settings)) == [upstream.arrived[0]]
+    first_settled = wait_for(
+        lambda: events_of(sync_redis, billing_settings), 30, "the first request settled"
+    )
+    assert list(first_settled) == [upstream.arrived[0]]
     assert reserved(sync_redis, billing_settings, "org-overlap-refused") == 0
 
 
@@ -213,10 +225,9 @@ def test_a_request_whose_client_left_before_its_admission_arrived_settles_it(
     sync_redis: redis.Redis,
     billing_settings: BillingSettings,
 ) -> None:
-    token = key_for(billing_settings, "org-overlap-gone")
-    assert chat(gateway, token).status_code == 200
+    token = clear_key(gateway, billing_settings, "org-overlap-gone")
     upstream.hold.set()
-    sync_redis.execute_command("CLIENT", "PAUSE", 60_000, "WRITE")
+    pause_billing(sync_redis)
     body = json.dumps(CHAT).encode()
     host, port = gateway.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as client:
