@@ -29,7 +29,12 @@ Then it sends identical requests (chat completion, `max_tokens` 8; streams of 8 
 
 1. throughput: a closed loop of --clients clients (keep-alive connections), the upstream
    answering at once, for --seconds, --rounds times round-robin over the targets: req/s,
-   p50/p99 latency, and the CPU per request of the target's processes (all of them);
+   p50/p99 latency, and the CPU per request of the target's processes (all of them).
+   "vs billing off, paired" is the median over rounds of a target's req/s divided by
+   billing off's in the same round: a shared machine's speed drifts by up to 2x from one
+   minute to the next (seen here), which a ratio of best rounds takes in whole and a ratio
+   of rounds taken moments apart mostly cancels. Many short rounds (`--rounds 16
+   --seconds 1.5`) narrow it further;
 2. added latency: paced at --rate requests/s (open loop, latency counted from the scheduled
    send time so queueing counts), the upstream answering in --upstream-delay-ms: p50/p99 and
    what each adds to the direct path's. A target whose throughput in part 1 was under the
@@ -496,10 +501,10 @@ async def throughput(
         direct = max(m.sample.throughput for m in runs["direct"])
         headline = max(m.sample.throughput for m in runs[HEADLINE])
         print(
-            "| target | req/s | vs direct | vs billing on | p50 ms | p99 ms | CPU / request "
-            "| Redis CPU / request |"
+            "| target | req/s | vs direct | vs billing on | vs billing off, paired | p50 ms "
+            "| p99 ms | CPU / request | Redis CPU / request |"
         )
-        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for target in targets:
             measured = runs[target.name]
             rates = [m.sample.throughput for m in measured]
@@ -515,11 +520,22 @@ async def throughput(
                 if target.redis_pids
                 else "-"
             )
+            paired = paired_ratio(measured, runs[BILLING_OFF])
             print(
                 f"| {target.name} | {spread} | {top / direct:.2f}x | {top / headline:.2f}x "
-                f"| {p50} | {p99} | {cpu} | {redis} |"
+                f"| {paired:.2f}x | {p50} | {p99} | {cpu} | {redis} |"
             )
     return best
+
+
+def paired_ratio(measured: list[Measured], reference: list[Measured]) -> float:
+    """The median over rounds of ``measured``'s req/s over ``reference``'s in the same round."""
+    ratios = sorted(
+        m.sample.throughput / max(r.sample.throughput, 1e-9)
+        for m, r in zip(measured, reference, strict=True)
+    )
+    middle = len(ratios) // 2
+    return ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
 
 
 async def added_latency(
@@ -595,6 +611,7 @@ async def vllm_ttft(args: argparse.Namespace, gateway: Target) -> None:
 # --- orchestration ------------------------------------------------------------------------
 
 HEADLINE = "gateway, billing on (production default)"
+BILLING_OFF = "gateway, billing off"
 
 
 def main() -> None:
@@ -656,7 +673,7 @@ def main() -> None:
         }
         configurations = [
             (HEADLINE, billed, 1, ROOT),
-            ("gateway, billing off", {**billed, "CSTACK_BILLING": "false"}, 1, ROOT),
+            (BILLING_OFF, {**billed, "CSTACK_BILLING": "false"}, 1, ROOT),
             ("gateway, billing on, --workers 2", billed, 2, ROOT),
         ]
         if baseline is not None:

@@ -52,6 +52,8 @@ class _Protocol(asyncio.Protocol):
         self._write_due = False
         self._transport: asyncio.Transport | None = None
         self._watchdog: asyncio.TimerHandle | None = None
+        #: Loop time of the last reply (or of the first request waiting since none was).
+        self._progress = 0.0
         self.error: Exception | None = None
         self.writes = 0
 
@@ -71,6 +73,8 @@ class _Protocol(asyncio.Protocol):
         if self.error is not None:
             raise self.error
         reply: asyncio.Future[Any] = self._loop.create_future()
+        if not self._waiting:  # the stall clock starts when a reply is first waited for
+            self._progress = self._loop.time()
         self._waiting.append(reply)
         self._outgoing.append(data)
         # One write in flight at a time: what comes while Redis has not answered goes
@@ -80,7 +84,7 @@ class _Protocol(asyncio.Protocol):
             self._write_due = True
             self._loop.call_soon(self._write)
         if self._watchdog is None:
-            self._watchdog = self._loop.call_later(self._timeout_s, self._stalled)
+            self._watchdog = self._loop.call_later(self._timeout_s, self._check_progress)
         return reply
 
     def _write(self) -> None:
@@ -115,15 +119,20 @@ class _Protocol(asyncio.Protocol):
             return
         if not self._unanswered and self._outgoing and not self._write_due:
             self._write()  # what came meanwhile, together
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-            self._watchdog = (
-                self._loop.call_later(self._timeout_s, self._stalled) if self._waiting else None
-            )
+        # Noted, not a timer re-armed: a timer made and cancelled per reply costs more.
+        self._progress = self._loop.time()
 
-    def _stalled(self) -> None:
+    def _check_progress(self) -> None:
+        """The watchdog: fails the connection once replies are awaited and none has come
+        for ``timeout_s``; otherwise it looks again when that would be."""
         self._watchdog = None
-        self._fail(redis_errors.TimeoutError("Timeout reading from Redis"))
+        if not self._waiting or self.error is not None:
+            return
+        quiet_s = self._loop.time() - self._progress
+        if quiet_s >= self._timeout_s:
+            self._fail(redis_errors.TimeoutError("Timeout reading from Redis"))
+        else:
+            self._watchdog = self._loop.call_later(self._timeout_s - quiet_s, self._check_progress)
 
     def connection_lost(self, exc: Exception | None) -> None:
         reason = f": {exc}" if exc else ""
@@ -168,7 +177,10 @@ class RespConnection:
         self.on_connect: list[bytes] = []
 
     async def request(self, data: bytes) -> Any:
-        return await (await self._ready()).request(data)
+        protocol = self._protocol
+        if protocol is None or protocol.error is not None or not protocol.on_running_loop():
+            protocol = await self._connect()
+        return await protocol.request(data)
 
     async def request_all(self, commands: list[bytes]) -> list[Any]:
         """The replies of ``commands``, written together in this order with nothing

@@ -177,6 +177,37 @@ def test_a_redis_that_stops_answering_times_out_and_the_next_call_reconnects(
     assert again == b"PONG"
 
 
+def test_a_connection_answering_without_a_pause_outlives_its_timeout(redis_url: str) -> None:
+    """The watchdog counts from the last reply, not from the first call: calls kept in
+    flight back to back for several times the timeout, each answered at once, never time
+    out, and a pause after them still does."""
+
+    async def scenario(batcher: ScriptBatcher, redis: Redis) -> tuple[int, BaseException]:
+        connection = batcher.connection
+        loop = asyncio.get_running_loop()
+        ends = loop.time() + 1.0  # > 3 timeouts, with a reply always awaited
+
+        async def caller() -> int:
+            answered = 0
+            while loop.time() < ends:
+                assert await connection.request(command(b"PING")) == b"PONG"
+                answered += 1
+            return answered
+
+        answered = sum(await asyncio.gather(*(caller() for _ in range(4))))
+        await redis.execute_command("CLIENT", "PAUSE", 1000, "ALL")
+        try:
+            await connection.request(command(b"PING"))
+        except redis_errors.TimeoutError as exc:
+            return answered, exc
+        raise AssertionError("a paused Redis answered")
+
+    answered, stalled = run(redis_url, scenario, timeout_s=0.3)
+    assert answered > 10
+    assert str(stalled).startswith("Timeout reading")
+    asyncio.run(asyncio.sleep(1.0))  # the pause ends before the next test
+
+
 def test_the_password_and_db_of_the_url_are_used(redis_url: str) -> None:
     parsed = urlparse(redis_url)
 
