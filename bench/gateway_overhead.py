@@ -512,20 +512,26 @@ async def throughput(
             if not streaming:
                 best[target.name] = top
             spread = f"{min(rates):.0f}-{top:.0f}" if len(rates) > 1 else f"{top:.0f}"
-            p50 = "/".join(ms(percentile(m.sample.latency, 0.5)) for m in measured)
-            p99 = "/".join(ms(percentile(m.sample.latency, 0.99)) for m in measured)
-            cpu = "-" if not target.pids else "/".join(f"{m.cpu_us:.0f}" for m in measured) + " us"
-            redis = (
-                "/".join(f"{m.redis_us:.0f}" for m in measured) + " us"
-                if target.redis_pids
-                else "-"
-            )
+            p50 = per_round([percentile(m.sample.latency, 0.5) * 1000 for m in measured], "")
+            p99 = per_round([percentile(m.sample.latency, 0.99) * 1000 for m in measured], "")
+            cpu = per_round([m.cpu_us for m in measured], " us") if target.pids else "-"
+            redis = per_round([m.redis_us for m in measured], " us") if target.redis_pids else "-"
             paired = paired_ratio(measured, runs[BILLING_OFF])
             print(
                 f"| {target.name} | {spread} | {top / direct:.2f}x | {top / headline:.2f}x "
                 f"| {paired:.2f}x | {p50} | {p99} | {cpu} | {redis} |"
             )
     return best
+
+
+def per_round(values: list[float], unit: str) -> str:
+    """Each round's value (up to 4 rounds), else their range and median."""
+    digits = 0 if unit else 2
+    if len(values) <= 4:
+        return "/".join(f"{v:.{digits}f}" for v in values) + unit
+    ordered = sorted(values)
+    middle = ordered[len(ordered) // 2]
+    return f"{ordered[0]:.{digits}f}-{ordered[-1]:.{digits}f}{unit} (median {middle:.{digits}f})"
 
 
 def paired_ratio(measured: list[Measured], reference: list[Measured]) -> float:
