@@ -55,6 +55,7 @@ import asyncio
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -529,19 +530,16 @@ def per_round(values: list[float], unit: str) -> str:
     digits = 0 if unit else 2
     if len(values) <= 4:
         return "/".join(f"{v:.{digits}f}" for v in values) + unit
-    ordered = sorted(values)
-    middle = ordered[len(ordered) // 2]
-    return f"{ordered[0]:.{digits}f}-{ordered[-1]:.{digits}f}{unit} (median {middle:.{digits}f})"
+    middle = statistics.median(values)
+    return f"{min(values):.{digits}f}-{max(values):.{digits}f}{unit} (median {middle:.{digits}f})"
 
 
 def paired_ratio(measured: list[Measured], reference: list[Measured]) -> float:
     """The median over rounds of ``measured``'s req/s over ``reference``'s in the same round."""
-    ratios = sorted(
+    return statistics.median(
         m.sample.throughput / max(r.sample.throughput, 1e-9)
         for m, r in zip(measured, reference, strict=True)
     )
-    middle = len(ratios) // 2
-    return ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
 
 
 async def added_latency(

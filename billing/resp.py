@@ -126,7 +126,7 @@ class _Protocol(asyncio.Protocol):
         """The watchdog: fails the connection once replies are awaited and none has come
         for ``timeout_s``; otherwise it looks again when that would be."""
         self._watchdog = None
-        if not self._waiting or self.error is not None:
+        if not self._waiting:  # (a failed connection's watchdog was cancelled)
             return
         quiet_s = self._loop.time() - self._progress
         if quiet_s >= self._timeout_s:
@@ -177,21 +177,21 @@ class RespConnection:
         self.on_connect: list[bytes] = []
 
     async def request(self, data: bytes) -> Any:
-        protocol = self._protocol
-        if protocol is None or protocol.error is not None or not protocol.on_running_loop():
-            protocol = await self._connect()
+        protocol = self._usable() or await self._connect()
         return await protocol.request(data)
 
     async def request_all(self, commands: list[bytes]) -> list[Any]:
         """The replies of ``commands``, written together in this order with nothing
         between them (ASKING must come right before the command it is for)."""
-        protocol = await self._ready()
+        protocol = self._usable() or await self._connect()
         return list(await asyncio.gather(*[protocol.request(data) for data in commands]))
 
-    async def _ready(self) -> _Protocol:
+    def _usable(self) -> _Protocol | None:
+        """The connection, if it can take a command now (else one must be made). Not a
+        coroutine: it is asked on every call."""
         protocol = self._protocol
         if protocol is None or protocol.error is not None or not protocol.on_running_loop():
-            protocol = await self._connect()
+            return None
         return protocol
 
     async def _connect(self) -> _Protocol:
