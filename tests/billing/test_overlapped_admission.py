@@ -37,7 +37,7 @@ from usage_upstream import events, health, models
 
 from billing.meter import Admission, AdmissionRequest
 from billing.settings import BillingSettings
-from gateway.admission import OVERLAP_HEADROOM, AdmissionStanding
+from gateway.admission import MAX_OVERLAPPED_PER_KEY, OVERLAP_HEADROOM, AdmissionStanding
 from gateway.keys import KeyStore
 from serving.process import free_port
 
@@ -273,3 +273,27 @@ def test_standing_overlaps_only_keys_last_granted_with_headroom() -> None:
     for key in ("a", "b", "c"):  # past max_keys the memory starts over
         standing.granted(key, admission(100))
     assert [standing.overlaps(k) for k in ("a", "b", "c")] == [False, False, True]
+
+
+def test_a_clear_key_has_at_most_its_bound_of_overlapped_admissions_on_their_way() -> None:
+    """A burst from a clear key goes upstream ahead of its admissions only up to
+    headroom // OVERLAP_HEADROOM of them (at most MAX_OVERLAPPED_PER_KEY); the rest wait
+    until some are back. Other keys are not held back by it."""
+    standing = AdmissionStanding()
+    standing.granted("a", admission(3 * OVERLAP_HEADROOM + 1))
+    standing.granted("b", admission(10 * OVERLAP_HEADROOM * MAX_OVERLAPPED_PER_KEY))
+    for _ in range(3):
+        assert standing.overlaps("a")
+        standing.started("a")
+    assert not standing.overlaps("a")  # three on their way: the fourth waits
+    assert standing.overlaps("b")
+    standing.ended("a")
+    assert standing.overlaps("a")
+    for _ in range(MAX_OVERLAPPED_PER_KEY):
+        standing.started("b")
+    assert not standing.overlaps("b")  # however large the headroom
+    for _ in range(MAX_OVERLAPPED_PER_KEY):
+        standing.ended("b")
+    assert standing.overlaps("b")
+    standing.refused("b")
+    assert not standing.overlaps("b")
