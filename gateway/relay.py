@@ -178,7 +178,8 @@ class Relay:
         if admitting is None:
             return
         try:
-            admission = await asyncio.shield(admitting)
+            # Already back (often, by the time the upstream answers): no shield to build.
+            admission = admitting.result() if admitting.done() else await asyncio.shield(admitting)
         except AdmissionRefused as refused:
             exchange.admitting = None
             self._report(exchange, "upstream_error", {})  # counted as ended, billed nothing
