@@ -62,19 +62,17 @@ class ScriptBatcher:
         asking: bool = False,
         replicas: int = 0,
         replica_timeout_ms: int = 0,
-        ride_s: float = 0.0,
     ) -> Any:
         """``asking``: sent right after an ASKING, for a cluster slot being migrated.
         ``replicas``: followed by a WAIT for that many replicas to have the script's
         writes; fewer within ``replica_timeout_ms`` raise a TimeoutError (the writes may
-        be lost if the primary fails now; sending the call again must be safe).
-        ``ride_s``: a call nobody waits for at once may wait that long to go with a write
-        made for another (``billing.resp``)."""
-        data = command(b"EVALSHA", script.sha, len(keys), *keys, *args)
-        if ride_s > 0 and not asking and not replicas:
-            reply = await self.connection.request(data, ride_s)
-        else:
-            reply = await self._send(data, asking, replicas, replica_timeout_ms)
+        be lost if the primary fails now; sending the call again must be safe)."""
+        reply = await self._send(
+            command(b"EVALSHA", script.sha, len(keys), *keys, *args),
+            asking,
+            replicas,
+            replica_timeout_ms,
+        )
         if isinstance(reply, redis_errors.NoScriptError):
             # A script not loaded on connect, or one Redis flushed since. NOSCRIPT ran
             # nothing; EVAL runs the script and caches it again for the calls that follow

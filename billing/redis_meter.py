@@ -154,14 +154,13 @@ class RedisMeter:
         target = parse_redis_url(settings.redis_url)
         scripts = [ADMIT_SCRIPT, SETTLE_SCRIPT, RENEW_SCRIPT]
         self._cluster: ClusterScripts | None = None
-        self._single: ScriptBatcher | None = None
         self._scripts: ScriptBatcher | ClusterScripts
         if target.cluster:
             self._scripts = self._cluster = ClusterScripts(
                 target, scripts, timeout_s=settings.redis_timeout_s
             )
         else:
-            self._scripts = self._single = ScriptBatcher(
+            self._scripts = ScriptBatcher(
                 RespConnection(settings.redis_url, timeout_s=settings.redis_timeout_s), scripts
             )
         self._settlements = SettlementQueue(
@@ -415,7 +414,7 @@ class RedisMeter:
         own failure (its keys in a bad state) is returned, as that record's outcome; it is
         logged by its caller."""
         try:
-            replies = await self._send(records, ride=True)
+            replies = await self._send(records)
         except (*REDIS_DOWN, redis_errors.ResponseError) as exc:
             await self._spool(records, exc)
             return [None] * len(records)
@@ -438,12 +437,10 @@ class RedisMeter:
         self._next_spool_scan = 0.0
         metrics.usage_spool_events.inc(len(records))
 
-    async def _send(self, records: list[Record], *, ride: bool = False) -> list[Any]:
+    async def _send(self, records: list[Record]) -> list[Any]:
         """Settle ``records`` (each at most once, by its marker): one script call, or on a
         cluster one per shard. A shard's call that failed as a whole fails only its
-        records: their outcome is that error, as ``_ShardFailed`` (spooled). ``ride``: on
-        a single Redis the call may wait up to one settlement window to go with the next
-        admission's write (``billing.resp``): nobody waits for it."""
+        records: their outcome is that error, as ``_ShardFailed`` (spooled)."""
         keys: list[str] = []
         args: list[str | int] = []
         for record in records:
@@ -457,18 +454,14 @@ class RedisMeter:
                 f"{budget}:resv-amount",
             ]
             args += [record["event_id"], int(record["allowance_nano_usd"]), record["event"]]
-        if self._single is not None:
-            ride_s = self.settings.settle_batch_window_ms / 1000 if ride else 0.0
+        if self._cluster is None:
             return list(
-                await self._single.call(
-                    SETTLE_SCRIPT, keys, [SETTLED_MARKER_TTL_S, *args], ride_s=ride_s
-                )
+                await self._scripts.call(SETTLE_SCRIPT, keys, [SETTLED_MARKER_TTL_S, *args])
             )
-        cluster = cast(ClusterScripts, self._cluster)
-        groups = list(cluster.group(keys[0::5]).values())  # records by their slot
+        groups = list(self._cluster.group(keys[0::5]).values())  # records by their slot
         sent = await asyncio.gather(
             *(
-                cluster.call(
+                self._cluster.call(
                     SETTLE_SCRIPT,
                     [k for i in group for k in keys[5 * i : 5 * i + 5]],
                     [SETTLED_MARKER_TTL_S, *(a for i in group for a in args[3 * i : 3 * i + 3])],

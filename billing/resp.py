@@ -8,12 +8,6 @@ written together once per turn of the event loop, and replies are parsed as they
 timeout object per call. A connection that makes no progress on its replies for
 ``timeout_s`` is dropped.
 
-A command nobody waits for at once (a batch of settlements, whose clients have their
-answers) may ride: it goes with the next write the connection makes for a command that
-is waited for (an admission), and alone only if none comes within its ``ride_s``. Each
-write to a Redis on another core wakes it, and the write's system call is among the
-dearest steps of a metered request; a settlement that rides costs none of its own.
-
 Connecting follows the same URL as the rest of the product (``redis://``, ``rediss://``
 with the TLS options of ``TLS_OPTIONS``, others refused rather than ignored, ``unix://``;
 user, password and db), and its errors are redis-py's: ``ConnectionError`` for a refused,
@@ -56,10 +50,6 @@ class _Protocol(asyncio.Protocol):
         #: Commands written and not yet answered, and whether a write is due this turn.
         self._unanswered = 0
         self._write_due = False
-        #: Whether a command that may not ride is among those waiting to be written.
-        self._urgent = False
-        #: The write of riding commands that no other write took along.
-        self._ride_timer: asyncio.TimerHandle | None = None
         self._transport: asyncio.Transport | None = None
         self._watchdog: asyncio.TimerHandle | None = None
         #: Loop time of the last reply (or of the first request waiting since none was).
@@ -79,9 +69,7 @@ class _Protocol(asyncio.Protocol):
         on it."""
         return self._loop.is_running()
 
-    def request(self, data: bytes, ride_s: float = 0.0) -> asyncio.Future[Any]:
-        """``ride_s``: the command may wait that long for a write made for another
-        (module docstring)."""
+    def request(self, data: bytes) -> asyncio.Future[Any]:
         if self.error is not None:
             raise self.error
         reply: asyncio.Future[Any] = self._loop.create_future()
@@ -89,36 +77,18 @@ class _Protocol(asyncio.Protocol):
             self._progress = self._loop.time()
         self._waiting.append(reply)
         self._outgoing.append(data)
-        if ride_s > 0:
-            if self._ride_timer is None:
-                self._ride_timer = self._loop.call_later(ride_s, self._ride_alone)
-        else:
-            self._urgent = True
-            # One write in flight at a time: what comes while Redis has not answered goes
-            # together once it has (at most one round trip later), so a busy gateway, and
-            # the Redis it shares, make one write and one read for many commands.
-            if not self._unanswered and not self._write_due:
-                self._write_due = True
-                self._loop.call_soon(self._write)
+        # One write in flight at a time: what comes while Redis has not answered goes
+        # together once it has (at most one round trip later), so a busy gateway, and the
+        # Redis it shares, make one write and one read for many commands, not one each.
+        if not self._unanswered and not self._write_due:
+            self._write_due = True
+            self._loop.call_soon(self._write)
         if self._watchdog is None:
             self._watchdog = self._loop.call_later(self._timeout_s, self._check_progress)
         return reply
 
-    def _ride_alone(self) -> None:
-        """No write took the riding commands along in time: they go on their own."""
-        self._ride_timer = None
-        if not self._outgoing:
-            return
-        self._urgent = True
-        if not self._unanswered and not self._write_due:
-            self._write()
-
     def _write(self) -> None:
         self._write_due = False
-        self._urgent = False
-        if self._ride_timer is not None:  # what rode goes now
-            self._ride_timer.cancel()
-            self._ride_timer = None
         if not self._outgoing:
             return
         if self._transport is not None and self.error is None:
@@ -147,7 +117,7 @@ class _Protocol(asyncio.Protocol):
         except (hiredis.ProtocolError, IndexError):  # not Redis, or a reply nobody asked for
             self._fail(redis_errors.ConnectionError("Redis sent an unreadable reply"))
             return
-        if not self._unanswered and self._urgent and not self._write_due:
+        if not self._unanswered and self._outgoing and not self._write_due:
             self._write()  # what came meanwhile, together
         # Noted, not a timer re-armed: a timer made and cancelled per reply costs more.
         self._progress = self._loop.time()
@@ -174,9 +144,6 @@ class _Protocol(asyncio.Protocol):
         if self._watchdog is not None:
             self._watchdog.cancel()
             self._watchdog = None
-        if self._ride_timer is not None:
-            self._ride_timer.cancel()
-            self._ride_timer = None
         while self._waiting:
             waiter = self._waiting.popleft()
             if not waiter.done():
@@ -209,11 +176,9 @@ class RespConnection:
         #: Commands sent on every new connection after authenticating (e.g. SCRIPT LOAD).
         self.on_connect: list[bytes] = []
 
-    async def request(self, data: bytes, ride_s: float = 0.0) -> Any:
-        """``ride_s``: the command may wait that long to go with a write made for
-        another (module docstring)."""
+    async def request(self, data: bytes) -> Any:
         protocol = self._usable() or await self._connect()
-        return await protocol.request(data, ride_s)
+        return await protocol.request(data)
 
     async def request_all(self, commands: list[bytes]) -> list[Any]:
         """The replies of ``commands``, written together in this order with nothing

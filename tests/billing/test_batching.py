@@ -86,34 +86,6 @@ def test_calls_made_while_redis_has_not_answered_go_together_once_it_has(
     assert writes == 1  # the five, in one write after the first's reply
 
 
-def test_a_riding_call_goes_with_the_next_write_or_alone_after_its_time(redis_url: str) -> None:
-    """A call that may ride (a batch of settlements) is not written for itself: the next
-    call that is waited for takes it along, in call order; with none, it goes alone once
-    its ``ride_s`` is up."""
-
-    async def scenario(batcher: ScriptBatcher, redis: Redis) -> tuple[Any, ...]:
-        await redis.delete("batching:ride", "batching:connect")
-        await batcher.call(APPEND, ["batching:connect"], ["x"])  # connected
-        written = batcher.connection.writes
-        riding = asyncio.ensure_future(batcher.call(APPEND, ["batching:ride"], ["rode"], ride_s=30))
-        await asyncio.sleep(0.1)
-        unwritten = (batcher.connection.writes - written, riding.done())
-        taking = await batcher.call(APPEND, ["batching:ride"], ["waited for"])
-        together = (await riding, taking, batcher.connection.writes - written)
-        started = asyncio.get_running_loop().time()
-        alone = await batcher.call(APPEND, ["batching:ride"], ["alone"], ride_s=0.2)
-        waited_s = asyncio.get_running_loop().time() - started
-        stored = await redis.lrange("batching:ride", 0, -1)
-        return unwritten, together, alone, waited_s, batcher.connection.writes - written, stored
-
-    unwritten, together, alone, waited_s, writes, stored = run(redis_url, scenario)
-    assert unwritten == (0, False)  # 100 ms on: not written, so not answered
-    assert together == (1, 2, 1)  # both in one write, in the order called
-    assert alone == 3 and waited_s >= 0.2  # nothing to ride with: alone, once its time was up
-    assert writes == 2
-    assert stored == [b"rode", b"waited for", b"alone"]
-
-
 def test_a_lone_call_goes_at_once_and_errors_reach_only_their_caller(redis_url: str) -> None:
     async def scenario(batcher: ScriptBatcher, redis: Redis) -> tuple[Any, ...]:
         await redis.delete("batching:alone", "batching:mixed")

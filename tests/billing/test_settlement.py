@@ -34,9 +34,9 @@ class CountingMeter(RedisMeter):
         super().__init__(settings)
         self.batches: list[int] = []
 
-    async def _send(self, records: list[Record], *, ride: bool = False) -> list[Any]:
+    async def _send(self, records: list[Record]) -> list[Any]:
         self.batches.append(len(records))
-        return await super()._send(records, ride=ride)
+        return await super()._send(records)
 
 
 @pytest.fixture
