@@ -253,6 +253,37 @@ def test_a_request_whose_client_left_before_its_admission_arrived_settles_it(
     assert reserved(sync_redis, billing_settings, "org-overlap-gone") == 0
 
 
+def test_a_burst_from_a_clear_key_goes_ahead_of_its_admissions_only_up_to_the_bound(
+    gateway: str,
+    upstream: Upstream,
+    sync_redis: redis.Redis,
+    billing_settings: BillingSettings,
+) -> None:
+    """With billing held back, a burst of a clear key's requests reaches the upstream
+    only up to MAX_OVERLAPPED_PER_KEY (the pro plan leaves the key room for far more);
+    the rest wait for their admissions. Once those are back the key overlaps again."""
+    token = clear_key(gateway, billing_settings, "org-overlap-burst")
+    burst = MAX_OVERLAPPED_PER_KEY + 8
+    pause_billing(sync_redis)
+    with ThreadPoolExecutor(burst) as pool:
+        answers = [pool.submit(chat, gateway, token) for _ in range(burst)]
+        wait_for(
+            lambda: len(upstream.arrived) == 1 + MAX_OVERLAPPED_PER_KEY, 60, "the bound upstream"
+        )
+        time.sleep(1.0)
+        assert len(upstream.arrived) == 1 + MAX_OVERLAPPED_PER_KEY  # the rest wait
+        sync_redis.execute_command("CLIENT", "UNPAUSE")
+        assert [answer.result(timeout=120).status_code for answer in answers] == [200] * burst
+    assert len(upstream.arrived) == 1 + burst
+    # Every overlapped admission is back: the key's next request goes ahead again.
+    pause_billing(sync_redis)
+    with ThreadPoolExecutor(1) as pool:
+        after = pool.submit(chat, gateway, token)
+        wait_for(lambda: len(upstream.arrived) == 2 + burst, 30, "the next request upstream")
+        sync_redis.execute_command("CLIENT", "UNPAUSE")
+        assert after.result(timeout=60).status_code == 200
+
+
 def admission(headroom: int | None) -> Admission:
     request = AdmissionRequest("r", "org", "key", "pro", "fast", "composer-2.5", 1, 1)
     return Admission(request=request, headroom=headroom)
