@@ -9,7 +9,7 @@ Redis, with its password) and, in front of that one upstream, side by side:
   limits in Redis, usage events into the Redis stream that the billing worker writes to the
   ledger), default settings, one worker. This is the headline row;
 - the same with billing off (`CSTACK_BILLING=false`), labelled: the relay's own cost;
-- the same as the headline with `--workers 2`;
+- the same as the headline with `--workers 2` (left out with `--no-workers-row`);
 - with `--baseline-tree DIR`, the headline's configuration run from another checkout of the
   project (e.g. `git worktree add DIR REV`), with this venv: one build against another in
   the same run;
@@ -38,14 +38,15 @@ Then it sends identical requests (chat completion, `max_tokens` 8; streams of 8 
 2. added latency: paced at --rate requests/s (open loop, latency counted from the scheduled
    send time so queueing counts), the upstream answering in --upstream-delay-ms: p50/p99 and
    what each adds to the direct path's. A target whose throughput in part 1 was under the
-   rate is left out (it would only measure its queue).
+   rate is left out (it would only measure its queue). `--throughput-only` skips it (for
+   an A/B of two builds: more rounds in the same time).
 
 With --vllm-url it also compares time-to-first-token against a real vLLM at low load,
 through the headline gateway.
 
     .venv/bin/python bench/gateway_overhead.py [--litellm /tmp/litellm-venv/bin/litellm]
         [--seconds 10] [--rounds 2] [--clients 8] [--rate 300] [--vllm-url URL]
-        [--baseline-tree DIR]
+        [--baseline-tree DIR] [--no-workers-row] [--throughput-only]
 """
 
 from __future__ import annotations
@@ -639,6 +640,12 @@ def main() -> None:
     parser.add_argument("--ledger-url", default="", help="the ledger (default: SQLite, temp)")
     parser.add_argument("--vllm-url", default="", help="also measure TTFT overhead on a real vLLM")
     parser.add_argument("--vllm-seconds", type=float, default=15.0)
+    parser.add_argument(
+        "--no-workers-row", action="store_true", help="leave out the `--workers 2` row"
+    )
+    parser.add_argument(
+        "--throughput-only", action="store_true", help="skip part 2 (the paced latency)"
+    )
     parser.add_argument("--serve-upstream", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_upstream:
@@ -678,8 +685,9 @@ def main() -> None:
         configurations = [
             (HEADLINE, billed, 1, ROOT),
             (BILLING_OFF, {**billed, "CSTACK_BILLING": "false"}, 1, ROOT),
-            ("gateway, billing on, --workers 2", billed, 2, ROOT),
         ]
+        if not args.no_workers_row:
+            configurations.append(("gateway, billing on, --workers 2", billed, 2, ROOT))
         if baseline is not None:
             configurations.append(
                 (f"gateway, billing on, build at {baseline.name}", billed, 1, baseline)
@@ -703,7 +711,8 @@ def main() -> None:
         load = os.getloadavg()[0]
         print(f"gateway overhead benchmark: {os.cpu_count()} CPUs, load avg {load:.1f}")
         best = run_until_done(throughput(args, targets, upstream_port))
-        run_event_loop(added_latency(args, targets, upstream_port, best))
+        if not args.throughput_only:
+            run_event_loop(added_latency(args, targets, upstream_port, best))
         if args.vllm_url:
             port = free_port()
             # A real engine: admission on, as production runs it.
