@@ -41,12 +41,18 @@ Then it sends identical requests (chat completion, `max_tokens` 8; streams of 8 
    rate is left out (it would only measure its queue). `--throughput-only` skips it (for
    an A/B of two builds: more rounds in the same time).
 
+With `--pin` (two CPUs or more) every one-worker gateway (and LiteLLM) runs on the first
+CPU and the load generator, the upstream and Valkey on the others, as a gateway pod would
+have its core to itself; the `--workers 2` gateway keeps every CPU. Unpinned, all of them
+share the machine's cores as the scheduler sees fit: a gateway waiting on Valkey or the
+load generator then shows as lower throughput, not as CPU.
+
 With --vllm-url it also compares time-to-first-token against a real vLLM at low load,
 through the headline gateway.
 
     .venv/bin/python bench/gateway_overhead.py [--litellm /tmp/litellm-venv/bin/litellm]
         [--seconds 10] [--rounds 2] [--clients 8] [--rate 300] [--vllm-url URL]
-        [--baseline-tree DIR] [--no-workers-row] [--throughput-only]
+        [--baseline-tree DIR] [--no-workers-row] [--throughput-only] [--pin]
 """
 
 from __future__ import annotations
@@ -646,6 +652,11 @@ def main() -> None:
     parser.add_argument(
         "--throughput-only", action="store_true", help="skip part 2 (the paced latency)"
     )
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="one-worker gateways on one CPU, the rest on the others (as in a pod)",
+    )
     parser.add_argument("--serve-upstream", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_upstream:
@@ -657,6 +668,8 @@ def main() -> None:
     baseline = Path(args.baseline_tree).resolve() if args.baseline_tree else None
     if baseline is not None and not (baseline / "deploy" / "cli.py").is_file():
         parser.error(f"--baseline-tree {args.baseline_tree}: not a checkout of this project")
+    if args.pin and len(os.sched_getaffinity(0)) < 2:
+        parser.error("--pin needs two CPUs or more")
 
     # Here, not at the top: the upstream process (above) imports nothing of the project.
     from serving.process import free_port
@@ -694,11 +707,14 @@ def main() -> None:
             )
         key = make_key(redis_url, "bench")
         targets = [Target("direct", upstream_port, None)]
+        one_worker: list[int] = []  # the processes of the one-worker gateways
         for name, env, workers, tree in configurations:
             port = free_port()
             processes.append(start_gateway(port, env, workers, work / "gateway.log", tree))
             redis_pids = [valkey._process.pid] if env is billed else []
             targets.append(Target(name, port, key, [processes[-1].pid], redis_pids))
+            if workers == 1:
+                one_worker.append(processes[-1].pid)
         if litellm:
             port = free_port()
             processes.append(start_litellm(litellm, port, upstream_port, work))
@@ -706,8 +722,15 @@ def main() -> None:
                 Target("LiteLLM 1.100.0 proxy, 1 worker, no database", port, LITELLM_KEY,
                        [processes[-1].pid])
             )  # fmt: skip
+            one_worker.append(processes[-1].pid)
         else:
             print("LiteLLM column skipped: no --litellm (see the module docstring to install it)")
+        if args.pin:
+            cpus = sorted(os.sched_getaffinity(0))
+            pin(one_worker, set(cpus[:1]))
+            pin([os.getpid(), processes[0].pid, valkey._process.pid], set(cpus[1:]))
+            print(f"pinned: one-worker gateways on CPU {cpus[0]}, the load generator, the "
+                  f"upstream and Valkey on CPUs {cpus[1:]}")  # fmt: skip
         load = os.getloadavg()[0]
         print(f"gateway overhead benchmark: {os.cpu_count()} CPUs, load avg {load:.1f}")
         best = run_until_done(throughput(args, targets, upstream_port))
@@ -730,6 +753,21 @@ def main() -> None:
                 process.kill()
         valkey.stop()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def pin(pids: list[int], cpus: set[int]) -> None:
+    """Hold processes to ``cpus``: every thread of each, and of their children (threads
+    made later inherit it from the thread that makes them)."""
+    import psutil
+
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            for process in [root, *root.children(recursive=True)]:
+                for thread in process.threads():
+                    os.sched_setaffinity(thread.id, cpus)
+        except (psutil.NoSuchProcess, ProcessLookupError):
+            continue
 
 
 def run_until_done(main_coroutine: Awaitable[dict[str, float]]) -> dict[str, float]:
