@@ -59,10 +59,21 @@ def test_a_worker_refuses_a_manifest_entry_it_cannot_place(manifest_entry: list[
         TensorSpec.from_json(manifest_entry)
 
 
+def as_sent(tensor: torch.Tensor) -> tuple[str, tuple[int, ...], bytes]:
+    """A tensor as plain values: its dtype, shape and bytes."""
+    return (
+        str(tensor.dtype),
+        tuple(tensor.shape),
+        tensor.contiguous().view(torch.uint8).numpy().tobytes(),
+    )
+
+
 def _receive(port: int, rank: int, manifest: list[list[Any]], results: Any) -> None:
     plan = [[TensorSpec.from_json(entry) for entry in bucket] for bucket in manifest]
     group = open_group("127.0.0.1", port, rank, 3, "test-token", timeout_s=60)
-    results.put({name: tensor.clone() for name, tensor in receive_buckets(group, plan)})
+    # Plain bytes, not tensors: a tensor put on a multiprocessing queue travels as a file
+    # descriptor this process shares until it exits, and it may exit before it is read.
+    results.put({name: as_sent(tensor) for name, tensor in receive_buckets(group, plan)})
 
 
 def test_every_rank_receives_every_tensor_bit_for_bit() -> None:
@@ -86,6 +97,4 @@ def test_every_rank_receives_every_tensor_bit_for_bit() -> None:
     for tensors in received:
         assert tensors.keys() == TENSORS.keys()
         for name, tensor in TENSORS.items():
-            got = tensors[name]
-            assert got.dtype == tensor.dtype and got.shape == tensor.shape, name
-            assert torch.equal(got.view(torch.uint8), tensor.view(torch.uint8)), name
+            assert tensors[name] == as_sent(tensor), name
