@@ -141,7 +141,8 @@ def test_usage_is_settled_once_with_vllms_counts(
     ]
     assert settled[0].prompt_tokens == usage["prompt_tokens"]
     assert settled[0].completion_tokens == usage["completion_tokens"] == 3
-    assert settled[1].completion_tokens == 4 and settled[1].prompt_tokens > 0
+    # The tiny random model may end its text before max_tokens (CI saw 3 of 4).
+    assert 0 < settled[1].completion_tokens <= 4 and settled[1].prompt_tokens > 0
     admitted = {a.request_id: a for a in meter.admitted}
     assert admitted[settled[0].request_id].max_output_tokens == 3
     assert admitted[settled[1].request_id].prompt_tokens > 0
