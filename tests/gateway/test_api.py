@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 
@@ -141,8 +142,19 @@ def test_usage_is_settled_once_with_vllms_counts(
     ]
     assert settled[0].prompt_tokens == usage["prompt_tokens"]
     assert settled[0].completion_tokens == usage["completion_tokens"] == 3
-    # The tiny random model may end its text before max_tokens (CI saw 3 of 4).
-    assert 0 < settled[1].completion_tokens <= 4 and settled[1].prompt_tokens > 0
+    finish = [
+        choice["finish_reason"]
+        for event in events[:-1]
+        for choice in json.loads(event.removeprefix("data: "))["choices"]
+        if choice.get("finish_reason")
+    ]
+    # max_tokens reached: exactly 4. The tiny random model may also end its text sooner
+    # (CI saw 3): then vLLM's count, never more than max_tokens.
+    if finish == ["length"]:
+        assert settled[1].completion_tokens == 4
+    else:
+        assert finish == ["stop"] and 0 < settled[1].completion_tokens <= 4
+    assert settled[1].prompt_tokens > 0
     admitted = {a.request_id: a for a in meter.admitted}
     assert admitted[settled[0].request_id].max_output_tokens == 3
     assert admitted[settled[1].request_id].prompt_tokens > 0
