@@ -128,12 +128,30 @@ def freeze_and_serve(
                 self.handed.stop()
             await super().shutdown(sockets)
 
+    prepare_heap_for_serving()
+    Server(server_config(app, settings)).run(sockets=sockets or bind_listeners(settings))
+
+
+#: Tracked objects allocated, net of those freed, that start a collection of the youngest
+#: generation (CPython's default: 700). A metered gateway reached 700 every ten requests or
+#: so: billing's batches (the admissions of a moment in one write, the settlements of a
+#: few milliseconds in one call) keep a moment's objects alive together and free them
+#: together, and each collection then walked every live request's coroutines and frames,
+#: about 150 us: 15-20 us of CPU per metered request, against 1 us with billing off
+#: (measured at saturation, ``bench/RESULTS.md``). What a steady load allocates it frees,
+#: so it never reaches 10,000; garbage only a collection can free (cycles: an exception
+#: and its traceback) still starts one once that much of it has piled up.
+GC_YOUNG_THRESHOLD = 10_000
+
+
+def prepare_heap_for_serving() -> None:
+    """Set the collector up for a process that is about to serve requests, its start done."""
     # Everything allocated so far (modules, the app) lives as long as the process. Left
     # in the collector's care, every full collection walks it: 40-60 ms pauses measured
     # under load, which were the gateway's p99. Frozen, collections see request garbage only.
     gc.collect()
     gc.freeze()
-    Server(server_config(app, settings)).run(sockets=sockets or bind_listeners(settings))
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
 
 
 class HandedConnections:

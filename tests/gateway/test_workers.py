@@ -247,6 +247,53 @@ def test_each_worker_holds_its_share_of_an_engines_slots() -> None:
     assert worker_slot_policies(policies, 0, 1) == policies
 
 
+HEAP_PROBE = """
+import gc
+from gateway.workers import GC_YOUNG_THRESHOLD, prepare_heap_for_serving
+
+def batches(rounds):
+    # Requests' objects the way a metered gateway holds them: a batch alive together while
+    # the next one is made, then freed together.
+    held = None
+    for _ in range(rounds):
+        held = [{"request": i, "parts": [i, str(i)]} for i in range(500)]  # the last one freed
+
+def cycles(count):
+    # Garbage only a collection frees: each list holds itself.
+    for _ in range(count):
+        loop = []
+        loop.append(loop)
+
+def collections(work, *args):
+    counted = []
+    gc.callbacks.append(lambda phase, info: counted.append(phase) if phase == "start" else None)
+    work(*args)
+    gc.callbacks.clear()
+    return len(counted)
+
+before = collections(batches, 200)
+prepare_heap_for_serving()
+after = collections(batches, 200)
+piled_up = collections(cycles, 5 * GC_YOUNG_THRESHOLD)
+threshold_set = gc.get_threshold()[0] == GC_YOUNG_THRESHOLD
+print(before, after, piled_up, threshold_set, gc.get_freeze_count() > 0)
+"""
+
+
+def test_a_serving_process_collects_garbage_only_when_it_piles_up() -> None:
+    """With CPython's default threshold, every batch of a few hundred requests' objects
+    starts a collection of the youngest generation; once the process is ready to serve,
+    only garbage that piles up does (what the start allocated is frozen, out of every
+    collection)."""
+    result = subprocess.run(
+        [sys.executable, "-c", HEAP_PROBE], capture_output=True, text=True, timeout=60, check=True
+    )
+    before, after, piled_up, threshold_set, frozen = result.stdout.split()
+    assert int(before) >= 100  # a collection for about every batch, with the default
+    assert (after, threshold_set, frozen) == ("0", "True", "True")
+    assert int(piled_up) >= 4  # cycles still collected: once every 10,000 of them
+
+
 # --- helpers ------------------------------------------------------------------------------
 
 
