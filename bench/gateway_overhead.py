@@ -728,7 +728,9 @@ def main() -> None:
         if args.pin:
             cpus = sorted(os.sched_getaffinity(0))
             pin(one_worker, set(cpus[:1]))
-            pin([os.getpid(), processes[0].pid, valkey._process.pid], set(cpus[1:]))
+            # This process's own threads only: its children are the gateways just pinned.
+            pin([os.getpid()], set(cpus[1:]), children=False)
+            pin([processes[0].pid, valkey._process.pid], set(cpus[1:]))
             print(f"pinned: one-worker gateways on CPU {cpus[0]}, the load generator, the "
                   f"upstream and Valkey on CPUs {cpus[1:]}")  # fmt: skip
         load = os.getloadavg()[0]
@@ -755,15 +757,15 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def pin(pids: list[int], cpus: set[int]) -> None:
-    """Hold processes to ``cpus``: every thread of each, and of their children (threads
-    made later inherit it from the thread that makes them)."""
+def pin(pids: list[int], cpus: set[int], children: bool = True) -> None:
+    """Hold processes to ``cpus``: every thread of each, and of their children unless
+    ``children`` is false (threads made later inherit it from the thread that makes them)."""
     import psutil
 
     for pid in pids:
         try:
             root = psutil.Process(pid)
-            for process in [root, *root.children(recursive=True)]:
+            for process in [root, *(root.children(recursive=True) if children else [])]:
                 for thread in process.threads():
                     os.sched_setaffinity(thread.id, cpus)
         except (psutil.NoSuchProcess, ProcessLookupError):
