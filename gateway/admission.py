@@ -17,13 +17,19 @@ limits and its org's budget (``Admission.headroom``). A refusal, or a key near a
 sends the key's requests back to waiting for admission until it is clear again: what a
 key at its limit sends never reaches an engine, and the overlapped requests refused are
 at most those a key sends within one round trip of crossing a limit it could not see
-coming (its org suspended, a budget spent by its other keys).
+coming (its org suspended, a budget spent by its other keys), and no more than the bound
+below.
 
-A request is overlapped only while no other admission of its gateway process is on its
-way. Then the round trip would be the request's alone; otherwise its admission joins the
-others' in one write to Redis, and a busy process keeps the CPU an overlap costs (a task
-of its own, and fewer events handled per wake-up of the event loop: measured at
-saturation in ``bench/RESULTS.md``).
+A clear key has at most ``headroom // OVERLAP_HEADROOM`` requests (and never more than
+``MAX_OVERLAPPED_PER_KEY``) on their way upstream ahead of their admissions in one
+process: a burst of a key's requests goes ahead up to that many, and the rest wait for
+their admissions. So the overlapped requests that can still be refused stay well inside
+what the key's last admission said would fit, however many the key sends at once.
+
+Any number of keys overlap at once: a gateway that made requests wait whenever another
+admission was on its way left its event loop idle while a batch of admissions was in
+Redis (at saturation, one in ten of its CPU's moments), for no CPU saved (measured in
+``bench/RESULTS.md``).
 """
 
 from __future__ import annotations
@@ -34,31 +40,48 @@ from gateway.errors import GatewayError
 #: Requests like the last one that must still fit for a key's next one to be overlapped:
 #: the margin for its other requests in flight and for a next request larger than the last.
 OVERLAP_HEADROOM = 8
+#: Overlapped admissions of one key on their way at once, at most, in one process.
+MAX_OVERLAPPED_PER_KEY = 32
 #: Keys remembered per process; past it the memory starts over (every key then waits for
 #: its next admission once, which only costs that request the round trip).
 MAX_KEYS = 100_000
 
 
 class AdmissionStanding:
-    """Which keys' next requests may be overlapped with their admission."""
+    """Which keys' next requests may be overlapped with their admission, and how many of
+    each key's overlapped admissions are on their way."""
 
     def __init__(self, max_keys: int = MAX_KEYS) -> None:
-        self._clear: set[str] = set()
+        #: Per clear key: how many of its admissions may be on their way overlapped.
+        self._allowed: dict[str, int] = {}
+        #: Per key with overlapped admissions on their way: how many.
+        self._overlapping: dict[str, int] = {}
         self._max_keys = max_keys
 
     def overlaps(self, key_id: str) -> bool:
-        return key_id in self._clear
+        """Whether the key's next request may go upstream before its admission."""
+        return self._overlapping.get(key_id, 0) < self._allowed.get(key_id, 0)
+
+    def started(self, key_id: str) -> None:
+        """An overlapped admission of the key is on its way (``ended`` once it is back)."""
+        self._overlapping[key_id] = self._overlapping.get(key_id, 0) + 1
+
+    def ended(self, key_id: str) -> None:
+        left = self._overlapping.pop(key_id, 1) - 1
+        if left > 0:
+            self._overlapping[key_id] = left
 
     def granted(self, key_id: str, admission: Admission) -> None:
-        if admission.headroom is not None and admission.headroom >= OVERLAP_HEADROOM:
-            if len(self._clear) >= self._max_keys:
-                self._clear.clear()
-            self._clear.add(key_id)
+        headroom = admission.headroom
+        if headroom is not None and headroom >= OVERLAP_HEADROOM:
+            if len(self._allowed) >= self._max_keys and key_id not in self._allowed:
+                self._allowed.clear()
+            self._allowed[key_id] = min(MAX_OVERLAPPED_PER_KEY, headroom // OVERLAP_HEADROOM)
         else:
-            self._clear.discard(key_id)
+            self._allowed.pop(key_id, None)
 
     def refused(self, key_id: str) -> None:
-        self._clear.discard(key_id)
+        self._allowed.pop(key_id, None)
 
 
 def refusal_error(refused: AdmissionRefused) -> GatewayError:

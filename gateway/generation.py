@@ -133,8 +133,6 @@ class GenerationHandler:
         self._meter = meter
         self._relay = relay
         self._standing = AdmissionStanding()
-        #: Admissions on their way in this process (gateway.admission).
-        self._admissions_pending = 0
 
     async def handle(self, request: Request, endpoint: Endpoint) -> Response:
         # The maximum duration counts from arrival: auth and admission are part of it.
@@ -164,14 +162,8 @@ class GenerationHandler:
             max_duration_s=self._settings.max_request_duration_s,
         )
         admission: Admission | None = None
-        # Overlapped only while no other admission is on its way: then the round trip
-        # would be this request's alone. Otherwise it joins theirs in one write, and a
-        # busy gateway keeps the CPU an overlap costs (a task; fewer events per wake-up).
-        overlapped = (
-            self._settings.overlap_admission
-            and not self._admissions_pending
-            and self._standing.overlaps(principal.key.key_id)
-        )
+        key_id = principal.key.key_id
+        overlapped = self._settings.overlap_admission and self._standing.overlaps(key_id)
         if not overlapped:
             try:
                 admission = await self._admit(admission_request)
@@ -233,9 +225,10 @@ class GenerationHandler:
             )
         if overlapped:
             # Started last: from here the relay owns it, and settles it however the request
-            # ends.
+            # ends. Counted from here (nothing awaited since the decision) until it is back.
+            self._standing.started(key_id)
             exchange.admitting = asyncio.get_running_loop().create_task(
-                self._admit(admission_request)
+                self._admit(admission_request, overlapped=True)
             )
         try:
             response = await answer()
@@ -260,18 +253,20 @@ class GenerationHandler:
             return route
         return standard
 
-    async def _admit(self, admission_request: AdmissionRequest) -> Admission:
+    async def _admit(
+        self, admission_request: AdmissionRequest, *, overlapped: bool = False
+    ) -> Admission:
         """Billing's admission; whether the key's next request may be overlapped with its
         own follows the outcome."""
         key_id = admission_request.key_id
-        self._admissions_pending += 1
         try:
             admission = await self._meter.admit(admission_request)
         except AdmissionRefused:
             self._standing.refused(key_id)
             raise
         finally:
-            self._admissions_pending -= 1
+            if overlapped:
+                self._standing.ended(key_id)
         self._standing.granted(key_id, admission)
         return admission
 

@@ -37,7 +37,7 @@ from usage_upstream import events, health, models
 
 from billing.meter import Admission, AdmissionRequest
 from billing.settings import BillingSettings
-from gateway.admission import OVERLAP_HEADROOM, AdmissionStanding
+from gateway.admission import MAX_OVERLAPPED_PER_KEY, OVERLAP_HEADROOM, AdmissionStanding
 from gateway.keys import KeyStore
 from serving.process import free_port
 
@@ -253,6 +253,37 @@ def test_a_request_whose_client_left_before_its_admission_arrived_settles_it(
     assert reserved(sync_redis, billing_settings, "org-overlap-gone") == 0
 
 
+def test_a_burst_from_a_clear_key_goes_ahead_of_its_admissions_only_up_to_the_bound(
+    gateway: str,
+    upstream: Upstream,
+    sync_redis: redis.Redis,
+    billing_settings: BillingSettings,
+) -> None:
+    """With billing held back, a burst of a clear key's requests reaches the upstream
+    only up to MAX_OVERLAPPED_PER_KEY (the pro plan leaves the key room for far more);
+    the rest wait for their admissions. Once those are back the key overlaps again."""
+    token = clear_key(gateway, billing_settings, "org-overlap-burst")
+    burst = MAX_OVERLAPPED_PER_KEY + 8
+    pause_billing(sync_redis)
+    with ThreadPoolExecutor(burst) as pool:
+        answers = [pool.submit(chat, gateway, token) for _ in range(burst)]
+        wait_for(
+            lambda: len(upstream.arrived) == 1 + MAX_OVERLAPPED_PER_KEY, 60, "the bound upstream"
+        )
+        time.sleep(1.0)
+        assert len(upstream.arrived) == 1 + MAX_OVERLAPPED_PER_KEY  # the rest wait
+        sync_redis.execute_command("CLIENT", "UNPAUSE")
+        assert [answer.result(timeout=120).status_code for answer in answers] == [200] * burst
+    assert len(upstream.arrived) == 1 + burst
+    # Every overlapped admission is back: the key's next request goes ahead again.
+    pause_billing(sync_redis)
+    with ThreadPoolExecutor(1) as pool:
+        after = pool.submit(chat, gateway, token)
+        wait_for(lambda: len(upstream.arrived) == 2 + burst, 30, "the next request upstream")
+        sync_redis.execute_command("CLIENT", "UNPAUSE")
+        assert after.result(timeout=60).status_code == 200
+
+
 def admission(headroom: int | None) -> Admission:
     request = AdmissionRequest("r", "org", "key", "pro", "fast", "composer-2.5", 1, 1)
     return Admission(request=request, headroom=headroom)
@@ -273,3 +304,27 @@ def test_standing_overlaps_only_keys_last_granted_with_headroom() -> None:
     for key in ("a", "b", "c"):  # past max_keys the memory starts over
         standing.granted(key, admission(100))
     assert [standing.overlaps(k) for k in ("a", "b", "c")] == [False, False, True]
+
+
+def test_a_clear_key_has_at_most_its_bound_of_overlapped_admissions_on_their_way() -> None:
+    """A burst from a clear key goes upstream ahead of its admissions only up to
+    headroom // OVERLAP_HEADROOM of them (at most MAX_OVERLAPPED_PER_KEY); the rest wait
+    until some are back. Other keys are not held back by it."""
+    standing = AdmissionStanding()
+    standing.granted("a", admission(3 * OVERLAP_HEADROOM + 1))
+    standing.granted("b", admission(10 * OVERLAP_HEADROOM * MAX_OVERLAPPED_PER_KEY))
+    for _ in range(3):
+        assert standing.overlaps("a")
+        standing.started("a")
+    assert not standing.overlaps("a")  # three on their way: the fourth waits
+    assert standing.overlaps("b")
+    standing.ended("a")
+    assert standing.overlaps("a")
+    for _ in range(MAX_OVERLAPPED_PER_KEY):
+        standing.started("b")
+    assert not standing.overlaps("b")  # however large the headroom
+    for _ in range(MAX_OVERLAPPED_PER_KEY):
+        standing.ended("b")
+    assert standing.overlaps("b")
+    standing.refused("b")
+    assert not standing.overlaps("b")
