@@ -27,9 +27,9 @@ their admissions. So the overlapped requests that can still be refused stay well
 what the key's last admission said would fit, however many the key sends at once.
 
 Any number of keys overlap at once: a gateway that made requests wait whenever another
-admission was on its way left its event loop idle while a batch of admissions was in
-Redis (at saturation, one in ten of its CPU's moments), for no CPU saved (measured in
-``bench/RESULTS.md``).
+admission was on its way left its core idle while a batch of admissions was in Redis (9%
+of the time, with a core of its own and 8 clients), which cost more throughput than the
+task an overlap takes (measured in ``bench/RESULTS.md``).
 """
 
 from __future__ import annotations
