@@ -35,9 +35,9 @@ def invoice_preview(
     """Print the period's invoice lines for ORG, each rounded to cents once."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from billing.invoice import current_period
     from billing.invoice import invoice_preview as build_preview
     from billing.ledger import make_engine, migrate
+    from billing.periods import current_period
     from billing.pricing import PriceBookError, pricebook_from_path
     from billing.settings import BillingSettings
 
@@ -70,8 +70,8 @@ def reconcile(
     import stripe
     from sqlalchemy.exc import SQLAlchemyError
 
-    from billing.invoice import period_bounds
     from billing.ledger import make_engine, migrate
+    from billing.periods import period_bounds
     from billing.pricing import PriceBookError, pricebook_from_path
     from billing.reconcile import CannotReconcile
     from billing.reconcile import reconcile as compare

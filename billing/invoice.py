@@ -10,12 +10,12 @@ invoice. Each line has a stable key (``fast.output.2026-11-01``, ``promotion``,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, timedelta
 
 from sqlalchemy import Connection, Engine, func, select
 
 from billing.ledger import UsageAdjustment, UsageRow
 from billing.money import format_cents, round_to_cents
+from billing.periods import period_bounds
 from billing.pricebook import PriceBook, PriceBookError
 
 #: Keys of the lines that are not usage (usage lines are ``tier.direction.price_version``).
@@ -58,16 +58,6 @@ class InvoicePreview:
             )
         out.append(f"  {'Total due':<{width}} {'':>14} {format_cents(self.total_cents):>14}")
         return "\n".join(out)
-
-
-def period_bounds(period: str) -> tuple[datetime, datetime]:
-    """``YYYY-MM`` -> [first instant, first instant of the next month)."""
-    try:
-        first = datetime.strptime(period, "%Y-%m").replace(tzinfo=UTC)
-    except ValueError:
-        raise ValueError(f"period must look like 2026-11, got {period!r}") from None
-    following = (first + timedelta(days=32)).replace(day=1)
-    return first, following
 
 
 def invoice_preview(engine: Engine, book: PriceBook, org_id: str, period: str) -> InvoicePreview:
@@ -176,7 +166,3 @@ def _per_million(price_nano_per_token: int) -> str:
     cents, tenths = divmod(price_nano_per_token, 10)
     suffix = str(tenths) if tenths else ""
     return f"{format_cents(cents)}{suffix}/1M"
-
-
-def current_period(today: date | None = None) -> str:
-    return (today or datetime.now(UTC).date()).strftime("%Y-%m")

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 import stripe
 from sqlalchemy import Connection, Engine, exists, select
 
-from billing.invoice import period_bounds, read_invoice
+from billing.invoice import read_invoice
 from billing.ledger import StripeInvoiceItem, UsageAdjustment, UsageRow
 from billing.money import format_cents
+from billing.periods import period_bounds
 from billing.pricebook import PriceBook
 from billing.stripe_api import (
     LINE,

@@ -36,6 +36,7 @@ from billing.keyspace import Keyspace
 from billing.lua import ADMIT, RENEW, SETTLE
 from billing.meter import Admission, AdmissionRefused, AdmissionRequest, UsageReport
 from billing.outage import LocalAllowance
+from billing.periods import period_of
 from billing.pricing import PriceBook, PriceBookError, pricebook_from_path, worst_case_charge
 from billing.redis_client import AsyncClient, async_client, parse_redis_url
 from billing.reservations import ReservationKeeper
@@ -118,11 +119,6 @@ def billing_unavailable() -> AdmissionRefused:
         headers={"retry-after": "1"},
         status_code=503,
     )
-
-
-def period_of(at: datetime) -> str:
-    """The billing period (UTC calendar month) an instant falls in."""
-    return at.astimezone(UTC).strftime("%Y-%m")
 
 
 def _log_settle_failure(record: Record, failure: BaseException) -> None:

@@ -32,9 +32,9 @@ from sqlalchemy import Connection, Engine, Row, delete, func, insert, select, up
 from sqlalchemy.exc import IntegrityError
 
 from billing import metrics
-from billing.invoice import period_bounds, read_invoice
+from billing.invoice import read_invoice
 from billing.ledger import InvoiceChange, StripeInvoiceItem, UsageRow
-from billing.ledger.writes import period_of
+from billing.periods import period_bounds, period_of
 from billing.pricebook import PriceBook, PriceBookError
 from billing.settings import BillingSettings
 from billing.stripe_api import (

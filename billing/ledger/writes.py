@@ -15,6 +15,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from billing.events import UsageEvent
 from billing.ledger.schema import InvoiceChange, UsageAdjustment, UsageRow
+from billing.periods import period_of
 
 
 def dialect_insert(connection: Connection, table: Any) -> Any:
@@ -28,11 +29,6 @@ def dialect_insert(connection: Connection, table: Any) -> Any:
 
 def insert_ignoring_duplicates(connection: Connection, table: Any, key: str) -> Insert:
     return dialect_insert(connection, table).on_conflict_do_nothing(index_elements=[key])  # type: ignore[no-any-return]
-
-
-def period_of(at: datetime) -> str:
-    """The billing period (UTC calendar month, ``YYYY-MM``) an instant falls in."""
-    return at.astimezone(UTC).strftime("%Y-%m")
 
 
 def queue_invoice_changes(connection: Connection, changed: set[tuple[str, str]]) -> None:
