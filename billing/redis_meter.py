@@ -6,8 +6,8 @@ runs another (release the reservation, count the actual cost, append the usage e
 one call for the settlements of a few milliseconds (``billing.settlement``). Reservations
 of requests in flight are renewed in the background, every third of their TTL
 (``billing.reservations``). When Redis is unreachable, settlement goes to the disk spool
-and admission refuses or admits on a bounded per-process allowance, as configured
-(``billing.outage``).
+(``billing.usage_writer``) and admission refuses or admits on a bounded per-process
+allowance, as configured (``billing.outage``).
 
 Keys are named by ``billing.keyspace``. On a Redis Cluster (``billing.cluster``) each
 call goes to the primary of its org's shard: a settlement batch and a renewal make one
@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import time
 from datetime import UTC, datetime
 from typing import Any, cast
 
 from redis import exceptions as redis_errors
-from redis._parsers.base import BaseParser
 
 from billing import metrics
 from billing.batching import Script, ScriptBatcher
@@ -33,7 +31,7 @@ from billing.cluster import ClusterScripts
 from billing.events import usage_event_fields, usage_event_json
 from billing.headers import ratelimit_headers
 from billing.keyspace import Keyspace
-from billing.lua import ADMIT, RENEW, SETTLE
+from billing.lua import ADMIT, RENEW
 from billing.meter import Admission, AdmissionRefused, AdmissionRequest, UsageReport
 from billing.outage import LocalAllowance
 from billing.periods import period_of
@@ -44,18 +42,12 @@ from billing.resp import RespConnection
 from billing.settings import BillingSettings
 from billing.settlement import Record, SettlementQueue
 from billing.spool import UsageSpool
+from billing.usage_writer import REDIS_DOWN, SETTLE_SCRIPT, UsageWriter
 from serving.tiers import TIERS
 
 logger = logging.getLogger(__name__)
 
-#: Redis did not answer: settlement spools the event (replay is idempotent).
-REDIS_DOWN = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
-SETTLED_MARKER_TTL_S = 14 * 86400
-#: The settled marker of releases before sharding (their spool may still hold records).
-LEGACY_MARKER = "cstack:settled:"
-SPOOL_RESCAN_S = 10.0
 ADMIT_SCRIPT = Script(ADMIT)
-SETTLE_SCRIPT = Script(SETTLE)
 RENEW_SCRIPT = Script(RENEW)
 
 
@@ -77,40 +69,6 @@ def _unreachable(exc: BaseException) -> bool:
 SLOT_MOVING = (redis_errors.TryAgainError, redis_errors.ClusterDownError)
 
 
-def _record_outcome(reply: Any) -> BaseException | None:
-    """One record's reply of the settle script: None when settled (now or before), else
-    the error reply as redis-py's exception for it (or the error of its shard's call)."""
-    if isinstance(reply, int):
-        return None
-    if isinstance(reply, BaseException):
-        return reply
-    text = reply.decode(errors="replace") if isinstance(reply, bytes) else str(reply)
-    return BaseParser.parse_error(text)
-
-
-#: Outcomes that mean Redis is not taking writes now (or its shard did not answer),
-#: rather than a bad record.
-REFUSING_WRITES = (
-    *REDIS_DOWN,
-    redis_errors.OutOfMemoryError,  # type: ignore[attr-defined]  # newer than the stubs
-    redis_errors.ReadOnlyError,
-    redis_errors.TryAgainError,
-    redis_errors.ClusterDownError,
-)
-
-
-class _ShardFailed(Exception):
-    """A shard's settle call failed as a whole (not one record's own error): ``cause``."""
-
-    def __init__(self, cause: Exception) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
-
-
-def _redis_refused(outcome: BaseException | None) -> bool:
-    return isinstance(outcome, (*REFUSING_WRITES, _ShardFailed))
-
-
 def billing_unavailable() -> AdmissionRefused:
     return AdmissionRefused(
         "billing is temporarily unavailable; retry shortly",
@@ -124,13 +82,6 @@ def billing_unavailable() -> AdmissionRefused:
 def _log_settle_failure(record: Record, failure: BaseException) -> None:
     """A settlement nobody waits for failed on its own (its keys in a bad state): said."""
     logger.error("billing settle failed for request %s", record["event_id"], exc_info=failure)
-
-
-def _record_org(record: Record) -> str:
-    """The org of a settlement record; a record spooled by a release before sharding has
-    only its event to say."""
-    org_id = record.get("org_id")
-    return str(org_id) if org_id else str(json.loads(record["event"])["org_id"])
 
 
 class RedisMeter:
@@ -159,8 +110,17 @@ class RedisMeter:
             self._scripts = ScriptBatcher(
                 RespConnection(settings.redis_url, timeout_s=settings.redis_timeout_s), scripts
             )
+        #: Where settled usage goes: Redis, or the disk spool when Redis does not take it.
+        self.usage = UsageWriter(
+            self._scripts,
+            self._cluster,
+            self.keys,
+            UsageSpool(settings.usage_spool_dir),
+            self.redis,
+            answered=self._answered,
+        )
         self._settlements = SettlementQueue(
-            self._settle_batch,
+            self.usage.write,
             window_s=settings.settle_batch_window_ms / 1000,
             unawaited=_log_settle_failure,
         )
@@ -169,7 +129,6 @@ class RedisMeter:
         self._usage_events: dict[tuple[str, str], Any] = {}
         #: The spool replay started by ``settle_nowait`` (its one reference).
         self._replaying: asyncio.Task[int] | None = None
-        self._redis_answered = False
         #: The billing period admission names its budget keys by: Redis's clock's month,
         #: as last seen (the gateway's own until then).
         self._period = period_of(datetime.now(UTC))
@@ -181,9 +140,6 @@ class RedisMeter:
         #: a cluster's failover takes some shards away while the others answer, and the
         #: outage (and its allowance) ends only when every one has answered again.
         self._down_shards: set[str] = set()
-        self.spool = UsageSpool(settings.usage_spool_dir)
-        self._replay_lock = asyncio.Lock()
-        self._next_spool_scan = 0.0
         self._publish_prices()
 
     def _publish_prices(self) -> None:
@@ -345,8 +301,8 @@ class RedisMeter:
     async def settle(self, admission: Admission, usage: UsageReport) -> None:
         """Count the actual usage and emit its event; spool it if Redis is unreachable."""
         await self._settlements.submit(self._record(admission, usage))  # raises only its own
-        if self._spool_scan_due():
-            await self.replay_spool()
+        if self.usage.spool_scan_due():
+            await self.usage.replay_spool()
 
     def settle_nowait(self, admission: Admission, usage: UsageReport) -> None:
         """``settle``, handed over without waiting: it goes (or is spooled) with the
@@ -357,8 +313,8 @@ class RedisMeter:
             self._settlements.submit_nowait(functools.partial(self._priced_later, admission, usage))
         else:  # admitted on the outage allowance: what it did not use is given back now
             self._settlements.submit_nowait(self._record(admission, usage))
-        if self._spool_scan_due() and (self._replaying is None or self._replaying.done()):
-            self._replaying = asyncio.get_running_loop().create_task(self.replay_spool())
+        if self.usage.spool_scan_due() and (self._replaying is None or self._replaying.done()):
+            self._replaying = asyncio.get_running_loop().create_task(self.usage.replay_spool())
 
     def _record(self, admission: Admission, usage: UsageReport) -> Record:
         """The usage priced into what a settlement sends, its reservation released (or its
@@ -399,85 +355,6 @@ class RedisMeter:
             "event": usage_event_json(event),
         }
 
-    def _spool_scan_due(self) -> bool:
-        return self._redis_answered and time.monotonic() >= self._next_spool_scan
-
-    async def _settle_batch(self, records: list[Record]) -> list[BaseException | None]:
-        """Settle ``records`` (one script call, or one per shard); spool those Redis could not
-        take (unreachable, refusing writes: loading, read-only, out of memory; on a cluster
-        also a shard's call that failed as a whole, a slot moving, a replica not
-        acknowledging), whose replay is idempotent by the settled markers. Only a record's
-        own failure (its keys in a bad state) is returned, as that record's outcome; it is
-        logged by its caller."""
-        try:
-            replies = await self._send(records)
-        except (*REDIS_DOWN, redis_errors.ResponseError) as exc:
-            await self._spool(records, exc)
-            return [None] * len(records)
-        outcomes = [_record_outcome(reply) for reply in replies]
-        for record, outcome in zip(records, outcomes, strict=True):
-            if not _redis_refused(outcome):
-                self._redis_answered = True
-                self._answered(_record_org(record))
-        refused = [i for i, outcome in enumerate(outcomes) if _redis_refused(outcome)]
-        if refused:
-            await self._spool([records[i] for i in refused], outcomes[refused[0]])
-            for i in refused:
-                outcomes[i] = None
-        return outcomes
-
-    async def _spool(self, records: list[Record], reason: BaseException | None) -> None:
-        self._redis_answered = False
-        logger.warning("Redis did not settle (%s); spooling %d usage events", reason, len(records))
-        await asyncio.to_thread(self.spool.append_all, records)
-        self._next_spool_scan = 0.0
-        metrics.usage_spool_events.inc(len(records))
-
-    async def _send(self, records: list[Record]) -> list[Any]:
-        """Settle ``records`` (each at most once, by its marker): one script call, or on a
-        cluster one per shard. A shard's call that failed as a whole fails only its
-        records: their outcome is that error, as ``_ShardFailed`` (spooled)."""
-        keys: list[str] = []
-        args: list[str | int] = []
-        for record in records:
-            org_id = _record_org(record)
-            budget = f"{self.keys.budget_prefix(org_id)}{record['period']}"
-            keys += [
-                self.keys.settled_marker(org_id, record["event_id"]),
-                self.keys.usage_stream_of(org_id),
-                budget,
-                f"{budget}:resv",
-                f"{budget}:resv-amount",
-            ]
-            args += [record["event_id"], int(record["allowance_nano_usd"]), record["event"]]
-        if self._cluster is None:
-            return list(
-                await self._scripts.call(SETTLE_SCRIPT, keys, [SETTLED_MARKER_TTL_S, *args])
-            )
-        groups = list(self._cluster.group(keys[0::5]).values())  # records by their slot
-        sent = await asyncio.gather(
-            *(
-                self._cluster.call(
-                    SETTLE_SCRIPT,
-                    [k for i in group for k in keys[5 * i : 5 * i + 5]],
-                    [SETTLED_MARKER_TTL_S, *(a for i in group for a in args[3 * i : 3 * i + 3])],
-                    durable=True,  # on a replica too, or spooled: a failover loses no money
-                )
-                for group in groups
-            ),
-            return_exceptions=True,
-        )
-        replies: list[Any] = [None] * len(records)
-        for group, reply in zip(groups, sent, strict=True):
-            if isinstance(reply, BaseException) and not isinstance(reply, Exception):
-                raise reply
-            for position, i in enumerate(group):
-                # A shard's call that failed as a whole is spooled, as on a single Redis.
-                replies[i] = (
-                    _ShardFailed(reply) if isinstance(reply, Exception) else reply[position]
-                )
-        return replies
-
     async def _renew(self, keys: list[str], args: list[str]) -> int:
         """Push the reservations' expiries (``args``: the TTL, then a member per key). On
         a cluster, one call per slot, all of them even if one shard is down (whose
@@ -501,42 +378,12 @@ class RedisMeter:
             total += int(outcome)
         return total
 
-    async def _send_one(self, record: Record) -> None:
-        """A spooled record, sent again (an error leaves it spooled)."""
-        # A cluster never ran the release before sharding, so holds none of its markers.
-        legacy = "org_id" not in record and self._cluster is None
-        if legacy and await self.redis.exists(LEGACY_MARKER + record["event_id"]):
-            return  # spooled by a release before sharding, which had settled it after all
-        outcome = _record_outcome((await self._send([record]))[0])
-        if isinstance(outcome, _ShardFailed):
-            raise outcome.cause
-        if outcome is not None:
-            raise outcome
-        self._answered(_record_org(record))
-
-    async def replay_spool(self) -> int:
-        """Send every spooled event (this process's and any dead process's) to Redis."""
-        if self._replay_lock.locked():
-            return 0
-        async with self._replay_lock:
-            self._next_spool_scan = time.monotonic() + SPOOL_RESCAN_S
-            try:
-                sent = await self.spool.replay(self._send_one)
-            except (*REDIS_DOWN, redis_errors.ResponseError) as exc:
-                logger.warning("spool replay stopped, Redis did not take it: %s", exc)
-                sent = 0
-            remaining = await asyncio.to_thread(self.spool.pending_count)
-            metrics.usage_spool_events.set(remaining)
-            if sent:
-                logger.info("replayed %d spooled usage events", sent)
-            return sent
-
     async def aclose(self) -> None:
         """Settle (or spool) what is gathered, replay the spool, then close."""
         await self._settlements.aclose()
         await self.reservations.aclose()
         try:
-            await self.replay_spool()
+            await self.usage.replay_spool()
         finally:
             await self._scripts.aclose()
             # redis>=5 has aclose(); the bundled types-redis stubs predate it.

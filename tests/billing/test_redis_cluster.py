@@ -236,15 +236,15 @@ async def test_a_primary_killed_mid_traffic_loses_no_money(
                 settled += [a.request.request_id for a in await admit_and_settle(meter, org, 2)]
             except AdmissionRefused as refusal:
                 assert refusal.status_code == 503
-            spooled = spooled or meter.spool.pending_count() > 0
+            spooled = spooled or meter.usage.spool.pending_count() > 0
             if spooled and _primary_is_up(cluster, meter, org, victim):
                 break
             await asyncio.sleep(0.1)
         assert spooled  # the outage was seen, and what it could not settle was spooled
         cluster.wait_failover(meter.keys.budget_prefix(org))
         settled += [a.request.request_id for a in await admit_and_settle(meter, org, 10)]
-        while meter.spool.pending_count():
-            await meter.replay_spool()
+        while meter.usage.spool.pending_count():
+            await meter.usage.replay_spool()
             await asyncio.sleep(0.2)
 
         engine = ledger(settings)
@@ -287,8 +287,8 @@ async def test_a_usage_event_spooled_before_sharding_replays_onto_its_orgs_shard
         "allowance_nano_usd": event.allowance_consumed_nano_usd,
         "event": event.model_dump_json(),
     }
-    meter.spool.append_all([legacy])
-    assert await meter.replay_spool() == 1
+    meter.usage.spool.append_all([legacy])
+    assert await meter.usage.replay_spool() == 1
     period = period_of(event.started_at)
     assert await budget(meter, "org-spooled-long-ago", period) == {"used": COST}
 
@@ -408,8 +408,8 @@ async def test_a_shard_moved_to_another_primary_mid_traffic_is_metered_exactly(
     assert cluster.primary_of(budget_key) == target
     assert meter.local_allowance.outage == 1  # the keys were split for a while: TRYAGAIN
     settled += [a.request.request_id for a in await admit_and_settle(meter, org, 5)]
-    while meter.spool.pending_count():
-        await meter.replay_spool()
+    while meter.usage.spool.pending_count():
+        await meter.usage.replay_spool()
         await asyncio.sleep(0.2)
 
     period = time.strftime("%Y-%m", time.gmtime())

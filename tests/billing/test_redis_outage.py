@@ -86,11 +86,11 @@ async def test_no_usage_lost_when_redis_restarts_under_traffic(
     await asyncio.sleep(1.0)
     stop_traffic.set()
     await asyncio.gather(*clients)
-    await meter.replay_spool()
+    await meter.usage.replay_spool()
     await meter.aclose()
 
     assert spooled_while_down, "traffic must have continued while Redis was down"
-    assert not meter.spool.pending_files()
+    assert not meter.usage.spool.pending_files()
 
     engine = make_engine(settings.ledger_url)
     migrate(engine)
@@ -127,7 +127,7 @@ async def test_without_redis_the_local_allowance_bounds_what_is_admitted(
         # Finished requests give back what they did not use (their usage is spooled).
         for admission in admitted[:2]:
             await meter.settle(admission, usage_for(admission.request, completion=0))
-        assert meter.spool.pending_count() == 2
+        assert meter.usage.spool.pending_count() == 2
         await meter.admit(admission_request(org="org-nowhere"))
         await meter.admit(admission_request(org="org-nowhere", prompt=1, max_output=1))
         # Five requests admitted in this outage: the count is spent even with money left.

@@ -33,10 +33,13 @@ class CountingMeter(RedisMeter):
     def __init__(self, settings: BillingSettings) -> None:
         super().__init__(settings)
         self.batches: list[int] = []
+        send = self.usage.send
 
-    async def _send(self, records: list[Record]) -> list[Any]:
-        self.batches.append(len(records))
-        return await super()._send(records)
+        async def counted(records: list[Record]) -> list[Any]:
+            self.batches.append(len(records))
+            return await send(records)
+
+        self.usage.send = counted  # type: ignore[method-assign]
 
 
 @pytest.fixture
@@ -96,7 +99,7 @@ async def test_one_records_bad_key_fails_only_that_record(meter: CountingMeter) 
     assert isinstance(results[1], redis_errors.ResponseError) and "WRONGTYPE" in str(results[1])
     used = await meter.redis.hget(meter.keys.budget_prefix("org-good") + period, "used")
     assert int(used) == 10 * 3000 + 1 * 15000
-    assert meter.spool.pending_count() == 0  # a bad record is not retried forever
+    assert meter.usage.spool.pending_count() == 0  # a bad record is not retried forever
 
 
 async def test_settlements_handed_over_without_waiting_are_applied_exactly_once(
@@ -155,7 +158,7 @@ async def test_what_redis_refuses_to_write_is_spooled_and_replays_exactly(
         await asyncio.sleep(0)
         waiting[0].cancel()  # a caller that stops waiting: its record is spooled all the same
         results = await asyncio.gather(*waiting, return_exceptions=True)
-        assert await meter.replay_spool() == 0  # still refused: stays spooled
+        assert await meter.usage.replay_spool() == 0  # still refused: stays spooled
         with pytest.raises(AdmissionRefused) as refused:  # a 503, not a 500
             await meter.admit(admission_request(org="org-oom", key="key-batch", prompt=10))
         assert refused.value.status_code == 503
@@ -163,11 +166,11 @@ async def test_what_redis_refuses_to_write_is_spooled_and_replays_exactly(
         await admin.config_set("maxmemory", "0")
         await admin.aclose()
     assert isinstance(results[0], asyncio.CancelledError) and results[1:] == [None, None]
-    assert meter.spool.pending_count() == 3
+    assert meter.usage.spool.pending_count() == 3
     assert await meter.redis.hget(meter.keys.budget_prefix("org-oom") + period, "used") is None
 
-    assert await meter.replay_spool() == 3
-    assert await meter.replay_spool() == 0
+    assert await meter.usage.replay_spool() == 3
+    assert await meter.usage.replay_spool() == 0
     used = await meter.redis.hget(meter.keys.budget_prefix("org-oom") + period, "used")
     assert int(used) == 3 * (10 * 3000 + 2 * 15000)
     entries = await meter.redis.xrange(meter.keys.usage_stream_of("org-oom"))
@@ -185,9 +188,9 @@ async def test_an_unreachable_redis_spools_each_record_of_the_batch(
     try:
         records = [{"event_id": str(i), "org_id": "o", "period": "2026-12",
                     "allowance_nano_usd": 1, "event": "{}"} for i in range(5)]  # fmt: skip
-        outcomes = await meter._settle_batch(records)
+        outcomes = await meter.usage.write(records)
         assert outcomes == [None] * 5
-        assert meter.spool.pending_count() == 5
+        assert meter.usage.spool.pending_count() == 5
     finally:
         await meter.aclose()
 
