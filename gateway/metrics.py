@@ -4,7 +4,7 @@ Each app gets its own registry so several gateways can live in one process (test
 benchmark); ``/metrics`` renders it together with the process-wide default registry, where
 the billing meter registers its own ``cstack_`` metrics.
 
-Under ``cstack gateway --workers N`` (gateway/workers.py) every worker writes its samples to
+Under ``cstack gateway --workers N`` (gateway/supervisor.py) every worker writes its samples to
 the directory in PROMETHEUS_MULTIPROC_DIR and ``/metrics``, whichever worker answers it,
 renders all workers' samples from there: counters and histograms summed, each gauge as its
 ``multiprocess_mode`` says (``live*``: only running workers count). The per-process

@@ -1,4 +1,5 @@
-"""`cstack gateway --workers N` (gateway/workers.py): real processes, billing on.
+"""`cstack gateway --workers N` (gateway/supervisor.py and workers.py): real processes,
+billing on.
 
 Which worker served a connection is read from the operating system (the worker process
 that owns the server side of the socket), not from anything the gateway tells a client.
