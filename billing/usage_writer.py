@@ -74,7 +74,7 @@ def _redis_refused(outcome: BaseException | None) -> bool:
     return isinstance(outcome, (*REFUSING_WRITES, _ShardFailed))
 
 
-def record_org(record: Record) -> str:
+def _record_org(record: Record) -> str:
     """The org of a settlement record; a record spooled by a release before sharding has
     only its event to say."""
     org_id = record.get("org_id")
@@ -126,7 +126,7 @@ class UsageWriter:
         for record, outcome in zip(records, outcomes, strict=True):
             if not _redis_refused(outcome):
                 self._redis_answered = True
-                self._answered(record_org(record))
+                self._answered(_record_org(record))
         refused = [i for i, outcome in enumerate(outcomes) if _redis_refused(outcome)]
         if refused:
             await self._spool([records[i] for i in refused], outcomes[refused[0]])
@@ -148,7 +148,7 @@ class UsageWriter:
         keys: list[str] = []
         args: list[str | int] = []
         for record in records:
-            org_id = record_org(record)
+            org_id = _record_org(record)
             budget = f"{self._keys.budget_prefix(org_id)}{record['period']}"
             keys += [
                 self._keys.settled_marker(org_id, record["event_id"]),
@@ -197,7 +197,7 @@ class UsageWriter:
             raise outcome.cause
         if outcome is not None:
             raise outcome
-        self._answered(record_org(record))
+        self._answered(_record_org(record))
 
     async def replay_spool(self) -> int:
         """Send every spooled event (this process's and any dead process's) to Redis."""
