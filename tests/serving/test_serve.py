@@ -98,11 +98,11 @@ def _pids() -> list[int]:
     return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
 
 
-def _live_session_members(session: int) -> set[int]:
+def _live_group_members(group: int) -> set[int]:
     members = set()
     for pid in _pids():
         fields = _stat(pid)
-        if fields and int(fields[3]) == session and fields[0] != "Z":
+        if fields and int(fields[2]) == group and fields[0] != "Z":
             members.add(pid)
     return members
 
@@ -114,18 +114,19 @@ def test_sigterm_leaves_no_child_behind(tiny_model: Path, tmp_path: Path) -> Non
         stderr=subprocess.DEVNULL,
         env={**os.environ, "CSTACK_LOG_DIR": str(tmp_path / "logs")},
     )
-    # vLLM runs in a session of its own, led by the API server; wait until the API
-    # server has spawned its engine core so there is a real process tree to clean up.
+    # vLLM runs in a process group of its own, led by the API server (in the caller's
+    # session, serving/process.py); wait until the API server has spawned its engine
+    # core so there is a real process tree to clean up.
     members: set[int] = set()
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         children = [p for p in _pids() if (f := _stat(p)) and int(f[1]) == serve.pid]
-        if children and len(members := _live_session_members(children[0])) >= 2:
+        if children and len(members := _live_group_members(children[0])) >= 2:
             break
         time.sleep(0.5)
     assert len(members) >= 2, "vLLM never spawned its engine"
-    session = children[0]
+    group = children[0]
     serve.send_signal(signal.SIGTERM)
     serve.wait(timeout=60)
     assert serve.returncode == 128 + signal.SIGTERM
-    assert _live_session_members(session) == set()
+    assert _live_group_members(group) == set()
