@@ -98,13 +98,39 @@ def _pids() -> list[int]:
     return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
 
 
-def _live_group_members(group: int) -> set[int]:
-    members = set()
+def _live_descendants(root: int) -> dict[int, str]:
+    """Every live (not zombie) process under ``root``, by pid, with its start time (so a
+    pid reused later is not taken for one of them)."""
+    children: dict[int, list[int]] = {}
+    started: dict[int, str] = {}
     for pid in _pids():
         fields = _stat(pid)
-        if fields and int(fields[2]) == group and fields[0] != "Z":
-            members.add(pid)
-    return members
+        if fields and fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(pid)
+            started[pid] = fields[19]
+    found: dict[int, str] = {}
+    waiting = list(children.get(root, []))
+    while waiting:
+        pid = waiting.pop()
+        found[pid] = started[pid]
+        waiting += children.get(pid, [])
+    return found
+
+
+def _name(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _still_alive(processes: dict[int, str]) -> set[int]:
+    alive = set()
+    for pid, started in processes.items():
+        fields = _stat(pid)
+        if fields and fields[0] != "Z" and fields[19] == started:
+            alive.add(pid)
+    return alive
 
 
 def test_sigterm_leaves_no_child_behind(tiny_model: Path, tmp_path: Path) -> None:
@@ -114,19 +140,18 @@ def test_sigterm_leaves_no_child_behind(tiny_model: Path, tmp_path: Path) -> Non
         stderr=subprocess.DEVNULL,
         env={**os.environ, "CSTACK_LOG_DIR": str(tmp_path / "logs")},
     )
-    # vLLM runs in a process group of its own, led by the API server (in the caller's
-    # session, serving/process.py); wait until the API server has spawned its engine
-    # core so there is a real process tree to clean up.
-    members: set[int] = set()
+    # Wait until vLLM has started its engine core and worker, so there is a real
+    # process tree to clean up; every process of it is recorded, whatever its process
+    # group (one that left vLLM's group would outlive a stop that signals only the group).
+    tree: dict[int, str] = {}
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
-        children = [p for p in _pids() if (f := _stat(p)) and int(f[1]) == serve.pid]
-        if children and len(members := _live_group_members(children[0])) >= 2:
+        tree = _live_descendants(serve.pid)
+        if any(_name(pid).startswith("VLLM::Worker") for pid in tree):
             break
         time.sleep(0.5)
-    assert len(members) >= 2, "vLLM never spawned its engine"
-    group = children[0]
+    assert any(_name(pid).startswith("VLLM::Worker") for pid in tree), "vLLM never started"
     serve.send_signal(signal.SIGTERM)
     serve.wait(timeout=60)
     assert serve.returncode == 128 + signal.SIGTERM
-    assert _live_group_members(group) == set()
+    assert _still_alive(tree) == set()
