@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from serving.process import free_port
@@ -86,51 +87,19 @@ def test_not_a_model_dir_is_a_one_line_error(tmp_path: Path) -> None:
     assert result.stderr.strip() == f"error: {tmp_path} is not a model directory (no config.json)"
 
 
-def _stat(pid: int) -> list[str] | None:
+def _alive(process: psutil.Process) -> bool:
+    """Still running and not a zombie (``is_running`` also tells a reused pid apart)."""
     try:
-        stat = (Path("/proc") / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()  # [state, ppid, pgrp, session, ...]
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
-def _pids() -> list[int]:
-    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
-
-
-def _live_descendants(root: int) -> dict[int, str]:
-    """Every live (not zombie) process under ``root``, by pid, with its start time (so a
-    pid reused later is not taken for one of them)."""
-    children: dict[int, list[int]] = {}
-    started: dict[int, str] = {}
-    for pid in _pids():
-        fields = _stat(pid)
-        if fields and fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(pid)
-            started[pid] = fields[19]
-    found: dict[int, str] = {}
-    waiting = list(children.get(root, []))
-    while waiting:
-        pid = waiting.pop()
-        found[pid] = started[pid]
-        waiting += children.get(pid, [])
-    return found
-
-
-def _name(pid: int) -> str:
+def _is_engine_worker(process: psutil.Process) -> bool:
     try:
-        return (Path("/proc") / str(pid) / "comm").read_text().strip()
-    except OSError:
-        return ""
-
-
-def _still_alive(processes: dict[int, str]) -> set[int]:
-    alive = set()
-    for pid, started in processes.items():
-        fields = _stat(pid)
-        if fields and fields[0] != "Z" and fields[19] == started:
-            alive.add(pid)
-    return alive
+        return process.name().startswith("VLLM::Worker")
+    except psutil.NoSuchProcess:  # a short-lived child of the start, gone already
+        return False
 
 
 def test_sigterm_leaves_no_child_behind(tiny_model: Path, tmp_path: Path) -> None:
@@ -143,15 +112,15 @@ def test_sigterm_leaves_no_child_behind(tiny_model: Path, tmp_path: Path) -> Non
     # Wait until vLLM has started its engine core and worker, so there is a real
     # process tree to clean up; every process of it is recorded, whatever its process
     # group (one that left vLLM's group would outlive a stop that signals only the group).
-    tree: dict[int, str] = {}
+    tree: list[psutil.Process] = []
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
-        tree = _live_descendants(serve.pid)
-        if any(_name(pid).startswith("VLLM::Worker") for pid in tree):
+        tree = [c for c in psutil.Process(serve.pid).children(recursive=True) if _alive(c)]
+        if any(_is_engine_worker(c) for c in tree):
             break
         time.sleep(0.5)
-    assert any(_name(pid).startswith("VLLM::Worker") for pid in tree), "vLLM never started"
+    assert any(_is_engine_worker(c) for c in tree), "vLLM never started"
     serve.send_signal(signal.SIGTERM)
     serve.wait(timeout=60)
     assert serve.returncode == 128 + signal.SIGTERM
-    assert _still_alive(tree) == set()
+    assert [c.pid for c in tree if _alive(c)] == []
