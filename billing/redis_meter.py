@@ -113,7 +113,6 @@ class RedisMeter:
         #: Where settled usage goes: Redis, or the disk spool when Redis does not take it.
         self.usage = UsageWriter(
             self._scripts,
-            self._cluster,
             self.keys,
             UsageSpool(settings.usage_spool_dir),
             self.redis,

@@ -85,22 +85,21 @@ class UsageWriter:
     """``write(records)``: a batch settled in Redis or spooled; ``replay_spool()``: the
     spool sent again.
 
-    ``scripts`` is the meter's script connection (a ``ClusterScripts`` on a cluster, which
-    is then also ``cluster``); ``redis`` a general client on the same Redis; ``answered``
-    is told the org of every record Redis took (the meter ends an outage by it).
+    ``scripts`` is the meter's script connection (a ``ClusterScripts`` on a cluster);
+    ``redis`` a general client on the same Redis; ``answered`` is told the org of every
+    record Redis took (the meter ends an outage by it).
     """
 
     def __init__(
         self,
         scripts: ScriptBatcher | ClusterScripts,
-        cluster: ClusterScripts | None,
         keys: Keyspace,
         spool: UsageSpool,
         redis: AsyncClient,
         answered: Callable[[str], None],
     ) -> None:
         self._scripts = scripts
-        self._cluster = cluster
+        self._cluster = scripts if isinstance(scripts, ClusterScripts) else None
         self._keys = keys
         self.spool = spool
         self._redis = redis
