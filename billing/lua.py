@@ -105,7 +105,8 @@ return {'ok', req[3], math.ceil(req[1] - now), tok[3], math.ceil(tok[1] - now), 
 # Keys: five per request: its settled marker, its shard's usage stream, and its org's
 #       budget of the period: hash, reservations' expiries, their amounts. (On a Redis
 #       Cluster a batch holds one shard's requests: every key is in one slot.)
-# Argv: 1 marker ttl s, then three per request: request id, allowance consumed nano,
+# Argv: 1 marker ttl s, then three per request: its reservation's id (the request id,
+#       or the id of the admission made ahead that it took), allowance consumed nano,
 #       event json.
 # Returns, per request, 1 if this call settled it, 0 if it was settled before, or the
 # error reply that stopped it ("OOM ...", "WRONGTYPE ..."): one request's failure is not
@@ -154,4 +155,58 @@ for i, key in ipairs(KEYS) do
   renewed = renewed + redis.call('ZADD', key, 'XX', 'CH', expiry, ARGV[i + 1])
 end
 return renewed
+"""
+
+# Admits up to n requests of one key and shape ahead of their arrival (billing/ahead.py):
+# ADMIT's own check and update, run once per id, in one call, stopping at the first
+# refusal. Keys: ADMIT's. Argv: ADMIT's, with 6 unused, then 9.. the id of each admission.
+# Returns ADMIT's reply for each id up to and including the first that is not 'ok'.
+ADMIT_AHEAD = (
+    "local function admit(rid)\n"
+    + ADMIT.replace("ARGV[6]", "rid")
+    + """end
+local replies = {}
+for i = 9, #ARGV do
+  local reply = admit(ARGV[i])
+  replies[#replies + 1] = reply
+  if reply[1] ~= 'ok' then break end
+end
+return replies
+"""
+)
+
+# Gives back admissions made ahead that no request took: each reservation still held is
+# released, and the rate-limit charges of those released are refunded (never below an
+# empty bucket: a refund cannot lend the key what it has not used).
+# Keys: 1 the key's rate-limit hash, 2 the org's budget hash of the period, 3 its
+#       reservations' expiries, 4 their amounts.
+# Argv: 1 rpm, 2 tpm, 3 tokens charged per admission, 4.. the admissions' ids.
+# Returns how many were released (one already released, by settlement or expiry: none).
+RELEASE_AHEAD = """
+local released = 0
+for i = 4, #ARGV do
+  local amount = redis.call('HGET', KEYS[4], ARGV[i])
+  if amount then
+    redis.call('HINCRBY', KEYS[2], 'reserved', '-' .. amount)
+    redis.call('HDEL', KEYS[4], ARGV[i])
+    redis.call('ZREM', KEYS[3], ARGV[i])
+    released = released + 1
+  end
+end
+if released > 0 then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local window = 60000000
+  local state = redis.call('HMGET', KEYS[1], 'rpm', 'tpm')
+  local function refund(stored, limit, cost)
+    local tat = tonumber(stored or '0') - cost * window / limit
+    if tat < now then tat = now end
+    return string.format('%d', tat)
+  end
+  redis.call('HSET', KEYS[1],
+    'rpm', refund(state[1], tonumber(ARGV[1]), released),
+    'tpm', refund(state[2], tonumber(ARGV[2]), released * tonumber(ARGV[3])))
+  redis.call('PEXPIRE', KEYS[1], 120000)
+end
+return released
 """

@@ -1,7 +1,8 @@
 """Billing's request-path contract with the gateway: admission before forwarding, usage after.
 
-The gateway builds an ``AdmissionRequest`` per request, calls ``Meter.admit`` before
-forwarding (which may raise ``AdmissionRefused``), and settles exactly once when the
+The gateway builds an ``AdmissionRequest`` per request, takes its admission before
+forwarding: ``Meter.admit_ready`` where billing has one at hand, else ``Meter.admit``
+(which may raise ``AdmissionRefused``), and settles exactly once when the
 response has ended, however it ended: ``Meter.settle`` waits until billing has the usage
 (in Redis, or spooled), ``Meter.settle_nowait`` hands it over and returns (for an answer
 already sent: the settlement goes with the others of the moment, its failure is logged).
@@ -107,6 +108,11 @@ class UsageReport:
 
 
 class Meter(Protocol):
+    def admit_ready(self, request: AdmissionRequest) -> Admission | None:
+        """The request's admission if billing has it at hand (made ahead for a busy key),
+        without a wait; None: ``admit`` it."""
+        ...
+
     async def admit(self, request: AdmissionRequest) -> Admission: ...
 
     async def settle(self, admission: Admission, usage: UsageReport) -> None: ...
@@ -118,6 +124,9 @@ class Meter(Protocol):
 
 class UnmeteredMeter:
     """Admits everything and records nothing: the gateway with billing switched off."""
+
+    def admit_ready(self, request: AdmissionRequest) -> Admission | None:
+        return Admission(request=request)
 
     async def admit(self, request: AdmissionRequest) -> Admission:
         return Admission(request=request)

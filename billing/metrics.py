@@ -19,6 +19,14 @@ admission_seconds = Histogram(
     "Time spent in the admission check.",
     buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5),
 )
+admissions_ahead = Counter(
+    "cstack_admissions_ahead_total",
+    "Admissions made ahead for busy keys (billing/ahead.py): taken by a request, or "
+    "released unused.",
+    ["outcome"],
+)
+for _outcome in ("taken", "released"):
+    admissions_ahead.labels(_outcome)
 usage_events = Counter("cstack_usage_events_total", "Usage events emitted.", ["tier", "outcome"])
 usage_spool_events = Gauge(
     "cstack_usage_spool_events",

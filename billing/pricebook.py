@@ -103,6 +103,14 @@ class PriceBook:
         promotion = self.promotion_at(model, at)
         return promotion.usage_multiplier if promotion else Fraction(1)
 
+    def next_change_after(self, at: datetime) -> datetime | None:
+        """The first instant after ``at`` at which a price or a promotion changes (None: no
+        change is scheduled): a price computed at ``at`` holds until then."""
+        instants = [v.effective_from for v in self.versions]
+        for promotion in self.promotions:
+            instants += [promotion.starts_at, promotion.ends_at]
+        return min((instant for instant in instants if instant > at), default=None)
+
     def plan(self, name: str) -> Plan:
         try:
             return self.plans[name]

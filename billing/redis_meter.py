@@ -26,6 +26,7 @@ from typing import Any, cast
 from redis import exceptions as redis_errors
 
 from billing import metrics
+from billing.ahead import ADMIT_AHEAD_SCRIPT, RELEASE_AHEAD_SCRIPT, AdmissionsAhead
 from billing.batching import Script, ScriptBatcher
 from billing.cluster import ClusterScripts
 from billing.events import usage_event_fields, usage_event_json
@@ -99,7 +100,13 @@ class RedisMeter:
             settings.redis_url, timeout_s=settings.redis_timeout_s
         )
         target = parse_redis_url(settings.redis_url)
-        scripts = [ADMIT_SCRIPT, SETTLE_SCRIPT, RENEW_SCRIPT]
+        scripts = [
+            ADMIT_SCRIPT,
+            SETTLE_SCRIPT,
+            RENEW_SCRIPT,
+            ADMIT_AHEAD_SCRIPT,
+            RELEASE_AHEAD_SCRIPT,
+        ]
         self._cluster: ClusterScripts | None = None
         self._scripts: ScriptBatcher | ClusterScripts
         if target.cluster:
@@ -139,6 +146,16 @@ class RedisMeter:
         #: a cluster's failover takes some shards away while the others answer, and the
         #: outage (and its allowance) ends only when every one has answered again.
         self._down_shards: set[str] = set()
+        #: Busy keys' next requests, admitted ahead in one call (``billing.ahead``).
+        self.ahead = AdmissionsAhead(
+            self._scripts,
+            self.keys,
+            self.book,
+            period=lambda: self._period,
+            batch=settings.admission_ahead_batch,
+            lifetime_s=settings.admission_ahead_lifetime_ms / 1000,
+            reservation_ttl_s=settings.reservation_ttl_s,
+        )
         self._publish_prices()
 
     def _publish_prices(self) -> None:
@@ -149,6 +166,26 @@ class RedisMeter:
             metrics.price_nano_usd_per_token.labels(tier, "output").set(prices.output)
 
     # -- admission -----------------------------------------------------------------
+
+    def admit_ready(self, request: AdmissionRequest) -> Admission | None:
+        """An admission made ahead for this request (``billing.ahead``), or None."""
+        ahead = self.ahead.take(request)
+        if ahead is None:
+            return None
+        reservation_id = f"{ahead.period}/{ahead.member}"
+        self.reservations.hold(
+            reservation_id,
+            f"{self.keys.budget_prefix(request.org_id)}{ahead.period}:resv",
+            ahead.member,
+            request.max_duration_s,
+        )
+        return Admission(
+            request=request,
+            headers=ahead.headers,
+            reserved_nano_usd=ahead.reserved_nano_usd,
+            reservation_id=reservation_id,
+            headroom=ahead.headroom,
+        )
 
     async def admit(self, request: AdmissionRequest) -> Admission:
         started = time.perf_counter()
@@ -261,16 +298,18 @@ class RedisMeter:
             request.max_duration_s,
         )
         worst_nano = worst.allowance_consumed_nano
+        headroom = min(
+            int(reply[1]),
+            int(reply[3]) // max(1, tokens),
+            int(reply[6]) // worst_nano if worst_nano > 0 else int(reply[1]),
+        )
+        self.ahead.admitted(request, headroom)
         return Admission(
             request=request,
             headers=headers,
             reserved_nano_usd=worst_nano,
             reservation_id=reservation_id,
-            headroom=min(
-                int(reply[1]),
-                int(reply[3]) // max(1, tokens),
-                int(reply[6]) // worst_nano if worst_nano > 0 else int(reply[1]),
-            ),
+            headroom=headroom,
         )
 
     def _shard(self, org_id: str) -> str:
@@ -336,8 +375,9 @@ class RedisMeter:
         """What a settlement sends (and what the spool keeps if Redis is down): the usage
         priced, its event serialised once."""
         event = usage_event_fields(self.book, admission, usage)
+        reservation = usage.request_id
         if admission.reservation_id:
-            period = admission.reservation_id.split("/", 1)[0]
+            period, reservation = admission.reservation_id.split("/", 1)
         else:
             period = period_of(event["started_at"])
         counted = self._usage_events.get((usage.tier, usage.outcome))
@@ -346,13 +386,16 @@ class RedisMeter:
                 usage.tier, usage.outcome
             )
         counted.inc()
-        return {
+        record: Record = {
             "org_id": usage.org_id,
             "period": period,
             "event_id": usage.request_id,
             "allowance_nano_usd": event["allowance_consumed_nano_usd"],
             "event": usage_event_json(event),
         }
+        if reservation != usage.request_id:  # an admission made ahead: its own id
+            record["reservation"] = reservation
+        return record
 
     async def _renew(self, keys: list[str], args: list[str]) -> int:
         """Push the reservations' expiries (``args``: the TTL, then a member per key). On
@@ -378,7 +421,9 @@ class RedisMeter:
         return total
 
     async def aclose(self) -> None:
-        """Settle (or spool) what is gathered, replay the spool, then close."""
+        """Give back the admissions made ahead, settle (or spool) what is gathered, replay
+        the spool, then close."""
+        await self.ahead.aclose()
         await self._settlements.aclose()
         await self.reservations.aclose()
         try:

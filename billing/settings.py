@@ -57,6 +57,14 @@ class BillingSettings(BaseSettings):
     #: `cstack gateway --workers N` gives each worker process 1/N (gateway/workers.py).
     redis_down_allowance_nano_usd: int = Field(default=2_000_000_000, ge=0)
     redis_down_allowance_requests: int = Field(default=500, ge=0)
+    #: Admissions made ahead (billing/ahead.py): a key sending many requests of one shape
+    #: a second, far from its limits, has up to this many of its next ones admitted in
+    #: one Redis call, each with its own rate-limit charge and reservation (0: off).
+    admission_ahead_batch: int = Field(default=16, ge=0, le=256)
+    #: How long an admission made ahead waits for its request before it is given back:
+    #: also how late a suspension, or a budget spent by the org's other keys, may reach a
+    #: busy key's requests (the budget itself is never overrun: it is reserved up front).
+    admission_ahead_lifetime_ms: int = Field(default=1000, ge=1, le=60_000)
     #: Connect/read timeout of Redis calls.
     redis_timeout_s: float = 2.0
     #: Settlements (after the response has gone) wait up to this long to be sent to Redis

@@ -156,7 +156,9 @@ class UsageWriter:
                 f"{budget}:resv",
                 f"{budget}:resv-amount",
             ]
-            args += [record["event_id"], int(record["allowance_nano_usd"]), record["event"]]
+            # The reservation's id: the request's, unless it took an admission made ahead.
+            reservation: str = record.get("reservation") or record["event_id"]
+            args += [reservation, int(record["allowance_nano_usd"]), record["event"]]
         if self._cluster is None:
             return list(
                 await self._scripts.call(SETTLE_SCRIPT, keys, [SETTLED_MARKER_TTL_S, *args])

@@ -161,10 +161,15 @@ class GenerationHandler:
             customer_id=principal.customer_id,
             max_duration_s=self._settings.max_request_duration_s,
         )
-        admission: Admission | None = None
         key_id = principal.key.key_id
-        overlapped = self._settings.overlap_admission and self._standing.overlaps(key_id)
-        if not overlapped:
+        # Made ahead for a busy key (billing.ahead): no round trip to wait for or overlap.
+        admission = self._meter.admit_ready(admission_request)
+        overlapped = (
+            admission is None
+            and self._settings.overlap_admission
+            and self._standing.overlaps(key_id)
+        )
+        if admission is None and not overlapped:
             try:
                 admission = await self._admit(admission_request)
             except AdmissionRefused as refused:

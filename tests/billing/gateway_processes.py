@@ -29,14 +29,25 @@ def ready(port: int) -> bool:
 
 @contextmanager
 def gateway_processes(
-    values: dict[str, Any], upstream_url: str, logs: Path, count: int = 2
+    values: dict[str, Any],
+    upstream_url: str,
+    logs: Path,
+    count: int = 2,
+    internal_ports: list[int] | None = None,
 ) -> Iterator[list[str]]:
-    """``count`` gateways configured with ``values`` (CSTACK_* settings); their base URLs."""
+    """``count`` gateways configured with ``values`` (CSTACK_* settings); their base URLs.
+    ``internal_ports``: where each serves /metrics (free ports if not given)."""
     ports = [free_port() for _ in range(count)]
+    internal = internal_ports or [free_port() for _ in range(count)]
     processes: list[subprocess.Popen[bytes]] = []
     for index, port in enumerate(ports):
         env = settings_env(
-            {**values, "port": port, "internal_port": free_port(), "upstream_url": upstream_url}
+            {
+                **values,
+                "port": port,
+                "internal_port": internal[index],
+                "upstream_url": upstream_url,
+            }
         )
         log = (logs / f"gateway-{index}.log").open("wb")
         command = [sys.executable, str(METERED_GATEWAY)]

@@ -161,6 +161,9 @@ class RecordingMeter(UnmeteredMeter):
         self.admitted: list[AdmissionRequest] = []
         self.settled: list[UsageReport] = []
 
+    def admit_ready(self, request: AdmissionRequest) -> Admission | None:
+        return None  # every request through ``admit``, recorded
+
     async def admit(self, request: AdmissionRequest) -> Admission:
         if self.refuse is not None:
             raise self.refuse

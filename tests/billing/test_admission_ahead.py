@@ -1,0 +1,230 @@
+"""Admissions made ahead for busy keys (``billing.ahead``), against the session's real
+Valkey: taken without a Redis call, settled by their own reservation, given back with
+their rate-limit charges when unused, never past the budget, and never for a quiet key or
+one near its limits."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from billing_support import admission_request, usage_for
+
+from billing.ahead import HOT_ARRIVALS, round_up
+from billing.meter import Admission, AdmissionRefused, AdmissionRequest
+from billing.redis_meter import RedisMeter
+from billing.settings import BillingSettings
+
+on_session_loop = pytest.mark.asyncio(loop_scope="session")
+
+MeterFactory = Callable[..., RedisMeter]
+
+
+@pytest.fixture
+async def make_meter(billing_settings: BillingSettings) -> AsyncIterator[MeterFactory]:
+    made: list[RedisMeter] = []
+
+    def make(**overrides: object) -> RedisMeter:
+        meter = RedisMeter(billing_settings.model_copy(update=overrides))
+        made.append(meter)
+        return meter
+
+    yield make
+    for meter in made:
+        await meter.aclose()
+
+
+def org() -> str:
+    return f"org-ahead-{uuid.uuid4().hex[:8]}"
+
+
+async def admit(meter: RedisMeter, request: AdmissionRequest) -> tuple[Admission, bool]:
+    """The request's admission, and whether it was one made ahead."""
+    ready = meter.admit_ready(request)
+    if ready is not None:
+        return ready, True
+    return await meter.admit(request), False
+
+
+async def until_pooled(meter: RedisMeter, make: Callable[[], AdmissionRequest]) -> Admission:
+    """Send a key's requests until one takes an admission made ahead; that one."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        admission, ahead = await admit(meter, make())
+        if ahead:
+            return admission
+        await meter.settle(admission, usage_for(admission.request, completion=0))
+        await asyncio.sleep(0.01)
+    raise AssertionError("no admission was made ahead within 10 s")
+
+
+async def budget(meter: RedisMeter, org_id: str, period: str) -> dict[str, int]:
+    raw = await meter.redis.hgetall(meter.keys.budget_prefix(org_id) + period)
+    return {k.decode(): int(v) for k, v in raw.items()}
+
+
+async def reservations(meter: RedisMeter, org_id: str, period: str) -> int:
+    return int(await meter.redis.hlen(f"{meter.keys.budget_prefix(org_id)}{period}:resv-amount"))
+
+
+def period_of(admission: Admission) -> str:
+    return str(admission.reservation_id).split("/")[0]
+
+
+def test_round_up_keeps_four_significant_bits() -> None:
+    assert [round_up(n) for n in (0, 1, 16, 17, 18, 100, 1000)] == [0, 1, 16, 18, 18, 104, 1024]
+    for n in range(1, 50_000, 7):
+        assert n <= round_up(n) <= n + n // 8
+
+
+@on_session_loop
+async def test_busy_key_takes_admissions_made_ahead_and_settles_them(
+    make_meter: MeterFactory,
+) -> None:
+    meter = make_meter(admission_ahead_batch=8, admission_ahead_lifetime_ms=30_000)
+    org_id = org()
+
+    def request() -> AdmissionRequest:
+        return admission_request(org=org_id, plan="pro", prompt=100, max_output=50)
+
+    admission = await until_pooled(meter, request)
+    # Its own reservation, sized for the shape's largest request (100 -> 104 prompt
+    # tokens, 50 -> 52 output tokens).
+    member = str(admission.reservation_id).split("/")[1]
+    assert member != admission.request.request_id
+    assert admission.reserved_nano_usd == 104 * 3000 + 52 * 15000
+    assert admission.headers["x-ratelimit-limit-requests"] == "600"
+    assert int(admission.headers["x-ratelimit-remaining-requests"]) < 600
+    period = period_of(admission)
+    before = await budget(meter, org_id, period)
+
+    await meter.settle(admission, usage_for(admission.request, completion=20))
+    after = await budget(meter, org_id, period)
+    assert after["used"] - before["used"] == 100 * 3000 + 20 * 15000
+    assert before["reserved"] - after["reserved"] == admission.reserved_nano_usd
+    entries = []
+    for stream in meter.keys.usage_streams():
+        entries += await meter.redis.xrange(stream)
+    assert any(admission.request.request_id.encode() in fields[b"event"] for _, fields in entries)
+
+    # Closing gives back what no request took: nothing stays reserved.
+    await meter.aclose()
+    assert (await budget(meter, org_id, period))["reserved"] == 0
+    assert await reservations(meter, org_id, period) == 0
+
+
+@on_session_loop
+async def test_unused_admissions_are_given_back_with_their_rate_limit_charges(
+    make_meter: MeterFactory,
+) -> None:
+    meter = make_meter(admission_ahead_batch=16, admission_ahead_lifetime_ms=300)
+    org_id = org()
+
+    def request() -> AdmissionRequest:
+        return admission_request(org=org_id, key=f"key-{org_id}", plan="pro", prompt=10)
+
+    taken = await until_pooled(meter, request)
+    await meter.settle(taken, usage_for(taken.request, completion=0))
+    period = period_of(taken)
+    assert await reservations(meter, org_id, period) > 0  # the rest of the batch, unused
+    await asyncio.sleep(0.6)  # past their lifetime: given back
+    assert meter.admit_ready(request()) is None
+    deadline = time.monotonic() + 5
+    while await reservations(meter, org_id, period) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert await reservations(meter, org_id, period) == 0
+    assert (await budget(meter, org_id, period))["reserved"] == 0
+
+    # Their requests-per-minute charges were refunded: the key has used what it sent
+    # (HOT_ARRIVALS to get the batch made, each one admitted, give or take the second
+    # or so that has refilled the bucket), not the batch's sixteen more.
+    checked = make_meter(admission_ahead_batch=0)
+    sent = await checked.admit(request())
+    remaining = int(sent.headers["x-ratelimit-remaining-requests"])
+    assert remaining >= 600 - HOT_ARRIVALS - 4
+    await checked.settle(sent, usage_for(sent.request, completion=0))
+
+
+@on_session_loop
+async def test_admissions_made_ahead_never_overrun_the_budget(make_meter: MeterFactory) -> None:
+    meter = make_meter(admission_ahead_batch=8, admission_ahead_lifetime_ms=30_000)
+    org_id = org()
+    worst = 10 * 3000 + 10 * 15000  # "tiny": $0.05, 277 of these
+    admitted = ahead = 0
+    while True:
+        request = admission_request(org=org_id, plan="tiny", prompt=10, max_output=10)
+        try:
+            admission, was_ahead = await admit(meter, request)
+        except AdmissionRefused as refused:
+            assert refused.code == "insufficient_quota"
+            break
+        admitted += 1
+        ahead += was_ahead
+        period = period_of(admission)
+        await meter.settle(admission, usage_for(request, completion=10))
+    await meter.aclose()
+    spent = await budget(meter, org_id, period)
+    assert ahead > 0
+    assert spent["used"] == admitted * worst
+    assert 50_000_000 - worst < spent["used"] <= 50_000_000
+    assert spent["reserved"] == 0
+
+
+@on_session_loop
+async def test_a_suspension_reaches_a_busy_key_within_the_lifetime(
+    make_meter: MeterFactory,
+) -> None:
+    meter = make_meter(admission_ahead_batch=16, admission_ahead_lifetime_ms=400)
+    org_id = org()
+
+    def request() -> AdmissionRequest:
+        return admission_request(org=org_id, plan="pro", prompt=10)
+
+    await until_pooled(meter, request)
+    await meter.redis.set(meter.keys.suspended_org(org_id), "evt_ahead")
+    suspended_at = time.monotonic()
+    refused_at = None
+    while refused_at is None and time.monotonic() - suspended_at < 5:
+        try:
+            await admit(meter, request())
+        except AdmissionRefused as refused:
+            assert "suspended" in refused.message
+            refused_at = time.monotonic()
+        await asyncio.sleep(0.01)
+    assert refused_at is not None
+    assert refused_at - suspended_at < 0.4 + 0.2  # the lifetime, and this loop's step
+    await meter.redis.delete(meter.keys.suspended_org(org_id))
+
+
+@on_session_loop
+async def test_quiet_keys_and_keys_near_their_limits_are_admitted_one_at_a_time(
+    make_meter: MeterFactory,
+) -> None:
+    meter = make_meter(admission_ahead_batch=16)
+    quiet = [admission_request(org=org(), plan="pro") for _ in range(HOT_ARRIVALS - 1)]
+    for request in quiet:
+        assert meter.admit_ready(request) is None
+        await meter.admit(request)
+    # "free": 20 requests a minute, never room for even two admissions made ahead.
+    org_id = org()
+    for _ in range(15):
+        request = admission_request(org=org_id, plan="free", prompt=10, max_output=10)
+        assert meter.admit_ready(request) is None
+        admission = await meter.admit(request)
+        await asyncio.sleep(0.01)
+    # Nothing reserved but the fifteen requests' own reservations.
+    assert await reservations(meter, org_id, period_of(admission)) == 15
+
+
+@on_session_loop
+async def test_off_when_the_batch_is_zero(make_meter: MeterFactory) -> None:
+    meter = make_meter(admission_ahead_batch=0)
+    org_id = org()
+    for _ in range(3 * HOT_ARRIVALS):
+        request = admission_request(org=org_id, plan="pro")
+        assert meter.admit_ready(request) is None
+        await meter.admit(request)
+        await asyncio.sleep(0.01)

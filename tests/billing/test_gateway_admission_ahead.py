@@ -1,0 +1,104 @@
+"""A busy key through two real gateway processes with the real Meter (and the openai SDK):
+its requests take admissions made ahead (``billing.ahead``), and the money is exactly what
+was metered: one usage event per answered request, the budget's ``used`` their sum and
+nothing left reserved once the gateways have stopped and given back what no request took.
+
+The upstream is the fast stand-in (``usage_upstream.py``): admissions are made ahead only
+for a key sending several requests of a shape a second, more than CPU vLLM answers here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+from billing_support import keyspace, port_open, usage_entries, wait_for
+from gateway_processes import gateway_processes
+from openai import AsyncOpenAI
+from redis.asyncio import Redis
+
+from billing.settings import BillingSettings
+from gateway.keys import KeyStore
+from serving.process import free_port
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+STAND_IN = Path(__file__).with_name("usage_upstream.py")
+ORG = "org-busy-key"
+CLIENTS, EACH = 6, 25
+
+
+@pytest.fixture
+def upstream(tmp_path: Path) -> Iterator[str]:
+    port = free_port()
+    log = (tmp_path / "upstream.log").open("wb")
+    process = subprocess.Popen(
+        [sys.executable, str(STAND_IN), str(port)], stdout=log, stderr=subprocess.STDOUT
+    )
+    try:
+        wait_for(lambda: port_open(port), 30, "the upstream stand-in to listen")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def taken_ahead(metrics_port: int) -> float:
+    text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
+    found = re.search(r'^cstack_admissions_ahead_total\{outcome="taken"\} (\S+)$', text, re.M)
+    assert found, "the gateway's /metrics has no cstack_admissions_ahead_total"
+    return float(found.group(1))
+
+
+async def test_a_busy_key_is_admitted_ahead_and_billed_exactly(
+    billing_settings: BillingSettings, upstream: str, tmp_path: Path
+) -> None:
+    store_redis = Redis.from_url(billing_settings.redis_url)
+    store = KeyStore(store_redis, "metered")
+    await store.create_org(ORG, plan="metered")
+    token, _ = await store.create_key(ORG, plan="metered")
+    await store_redis.aclose()
+
+    values = {**billing_settings.model_dump(), "redis_timeout_s": 15, "engine_admission": False}
+    metrics_ports = [free_port(), free_port()]
+    with gateway_processes(values, upstream, tmp_path, internal_ports=metrics_ports) as urls:
+        clients = [AsyncOpenAI(base_url=f"{url}/v1", api_key=token) for url in urls]
+
+        async def client_loop(index: int) -> list[tuple[str, dict[str, str]]]:
+            answered = []
+            for _ in range(EACH):
+                raw = await clients[index % 2].chat.completions.with_raw_response.create(
+                    model="composer-2.5",
+                    messages=[{"role": "user", "content": "the same question"}],
+                    max_tokens=8,
+                )
+                answered.append((raw.headers["x-request-id"], dict(raw.headers)))
+            return answered
+
+        results = await asyncio.gather(*(client_loop(i) for i in range(CLIENTS)))
+        answered = [one for loop in results for one in loop]
+        taken = sum(taken_ahead(port) for port in metrics_ports)
+        for client in clients:
+            await client.close()
+    # Every answer carried its rate-limit figures, most of them admissions made ahead.
+    assert all("x-ratelimit-remaining-requests" in headers for _, headers in answered)
+    assert taken >= len(answered) // 2, (taken, len(answered))
+
+    sync = redis.Redis.from_url(billing_settings.redis_url)
+    events = [json.loads(fields[b"event"]) for _, fields in usage_entries(sync, billing_settings)]
+    assert sorted(e["event_id"] for e in events) == sorted(rid for rid, _ in answered)
+    period = events[0]["started_at"][:7]
+    prefix = keyspace(billing_settings).budget_prefix(ORG) + period
+    budget = {k.decode(): int(v) for k, v in sync.hgetall(prefix).items()}
+    assert budget == {
+        "reserved": 0,
+        "used": sum(e["allowance_consumed_nano_usd"] for e in events),
+    }
+    assert sync.hlen(f"{prefix}:resv-amount") == 0
