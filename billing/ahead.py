@@ -23,10 +23,13 @@ What this changes, and its bounds:
   a busy key's requests up to ``lifetime_s`` late. The budget is never overrun by it:
   the money of every admission made ahead is reserved when it is made. Nor does one
   outlive a change of price or promotion (its reservation was priced before it).
-- Only keys far from every limit get them: a shape's admissions made ahead are at most
+- Only keys far from every limit get them. A shape's batch is at most
   ``1 / HEADROOM_PER_ADMISSION`` of what its last admission said would still fit (under
-  the key's requests and tokens per minute, and the org's budget), so a key nearing a
-  limit, or an org nearing its budget, is admitted one request at a time as before.
+  the key's requests and tokens per minute, and the org's budget), and a new batch is
+  asked for while fewer than a batch are left (so the pool never runs dry under a steady
+  load, which left its requests' admissions waiting behind an empty pool): a shape holds
+  at most two batches, a sixteenth of its headroom. A key nearing a limit, or an org
+  nearing its budget, is admitted one request at a time as before.
 - Only busy shapes: ``HOT_ARRIVALS`` of its requests within one lifetime.
 - Requests taking them are charged their shape's tokens (an eighth more at most) and
   report the rate-limit figures of when they were made.
@@ -166,7 +169,7 @@ class AdmissionsAhead:
         if (
             not state.refilling
             and state.arrivals >= HOT_ARRIVALS
-            and len(entries) * 2 < self._batch_for(state)
+            and len(entries) < self._batch_for(state)
         ):
             self._refill(shape, state)
         if taken is not None:
