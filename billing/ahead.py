@@ -23,13 +23,16 @@ What this changes, and its bounds:
   a busy key's requests up to ``lifetime_s`` late. The budget is never overrun by it:
   the money of every admission made ahead is reserved when it is made. Nor does one
   outlive a change of price or promotion (its reservation was priced before it).
-- Only keys far from every limit get them. A shape's batch is at most
-  ``1 / HEADROOM_PER_ADMISSION`` of what its last admission said would still fit (under
-  the key's requests and tokens per minute, and the org's budget), and a new batch is
-  asked for while fewer than a batch are left (so the pool never runs dry under a steady
-  load, which left its requests' admissions waiting behind an empty pool): a shape holds
-  at most two batches, a sixteenth of its headroom. A key nearing a limit, or an org
-  nearing its budget, is admitted one request at a time as before.
+- Only keys and orgs far from their limits get them. What a key has waiting, over all
+  its shapes, is at most ``1 / SHARE_OF_WHAT_IS_LEFT`` of the requests and tokens per
+  minute it had left when they were made (as its last admission said), and what an org
+  has waiting, over all its keys, that share of what was left of its budget: so
+  admissions made ahead never stand in the way of the org's other requests for more than
+  that share of what was left when they were made (until they are taken or given
+  back), and a key
+  nearing a limit, or an org nearing its budget, is admitted one request at a time as
+  before. A new batch is asked for while fewer than a batch are left, so the pool does
+  not run dry under a steady load (its requests would wait behind it).
 - Only busy shapes: ``HOT_ARRIVALS`` of its requests within one lifetime.
 - Requests taking them are charged their shape's tokens (an eighth more at most) and
   report the rate-limit figures of when they were made.
@@ -61,12 +64,14 @@ logger = logging.getLogger(__name__)
 ADMIT_AHEAD_SCRIPT = Script(ADMIT_AHEAD)
 RELEASE_AHEAD_SCRIPT = Script(RELEASE_AHEAD)
 
-#: A shape's pooled admissions are at most this fraction of what its last admission said
-#: would still fit: the margin that keeps a key near a limit on one-at-a-time admission.
-HEADROOM_PER_ADMISSION = 32
+#: What a key has waiting (and an org, over its keys) is at most this fraction of what its
+#: last admission said was left: the margin that keeps a key or an org near a limit on
+#: one-at-a-time admission, and the most that admissions made ahead may hold back.
+SHARE_OF_WHAT_IS_LEFT = 16
 #: Requests of a shape within one lifetime that make it busy enough to admit ahead.
 HOT_ARRIVALS = 4
-#: Shapes tracked per process; past it, new shapes are admitted one at a time.
+#: Shapes (and keys, and orgs) tracked per process; past it, new ones are admitted one at
+#: a time.
 MAX_SHAPES = 10_000
 
 
@@ -109,15 +114,31 @@ class Ahead(NamedTuple):
 
 
 class _ShapeState:
-    __slots__ = ("arrivals", "entries", "headroom", "refilling", "window_start")
+    __slots__ = ("arrivals", "entries", "refilling", "window_start", "worst")
 
-    def __init__(self, now: float) -> None:
+    def __init__(self, now: float, worst: int) -> None:
         self.entries: deque[Ahead] = deque()
         self.window_start = now
         self.arrivals = 0
-        #: What the shape's last admission said would still fit (0: not known).
-        self.headroom = 0
         self.refilling = False
+        #: The reservation of one of its admissions made ahead (as last priced).
+        self.worst = worst
+
+
+class _Waiting:
+    """A key's (or an org's) admissions made ahead and not yet taken, and what its last
+    admission said it had left."""
+
+    __slots__ = ("count", "left_budget", "left_requests", "left_tokens", "nano", "tokens")
+
+    def __init__(self) -> None:
+        self.count = self.tokens = self.nano = 0
+        self.left_requests = self.left_tokens = self.left_budget = 0
+
+    def add(self, count: int, tokens: int, nano: int) -> None:
+        self.count += count
+        self.tokens += tokens
+        self.nano += nano
 
 
 class AdmissionsAhead:
@@ -142,6 +163,9 @@ class AdmissionsAhead:
         self.lifetime_s = lifetime_s
         self._reservation_ttl_s = reservation_ttl_s
         self._shapes: dict[Shape, _ShapeState] = {}
+        #: Per key (its requests and tokens) and per org (its money) what is waiting.
+        self._keys_waiting: dict[str, _Waiting] = {}
+        self._orgs_waiting: dict[str, _Waiting] = {}
         self._ids = itertools.count()
         #: Ids unique to this process: the reservations of every gateway share a hash.
         self._prefix = f"ahead-{uuid.uuid4().hex[:12]}-"
@@ -158,35 +182,81 @@ class AdmissionsAhead:
         if state is None:
             if len(self._shapes) >= MAX_SHAPES and not self._forget_idle():
                 return None
-            state = self._shapes[shape] = _ShapeState(now)
+            state = self._shapes[shape] = _ShapeState(now, 0)
         if now - state.window_start > self.lifetime_s:
             state.window_start, state.arrivals = now, 0
         state.arrivals += 1
         entries = state.entries
         if entries and entries[0].expires < now:
             self._expire(shape)
-        taken = entries.popleft() if entries else None
-        if (
-            not state.refilling
-            and state.arrivals >= HOT_ARRIVALS
-            and len(entries) < self._batch_for(state)
-        ):
-            self._refill(shape, state)
-        if taken is not None:
+        taken = None
+        if entries:
+            taken = entries.popleft()
+            self._gone(shape, 1, taken.reserved_nano_usd)
             self._taken.inc()
+        if not state.refilling and state.arrivals >= HOT_ARRIVALS and len(entries) < self.batch:
+            count = self._room(shape, state)
+            if count >= 2:
+                state.refilling = True
+                self._spawn(self._admit_ahead(shape, state, count))
         return taken
 
-    def admitted(self, request: AdmissionRequest, headroom: int) -> None:
-        """A request of a tracked shape was admitted one at a time, with this headroom."""
-        state = self._shapes.get(shape_of(request))
-        if state is not None:
-            state.headroom = headroom
+    def admitted(
+        self,
+        request: AdmissionRequest,
+        *,
+        left_requests: int,
+        left_tokens: int,
+        left_budget: int,
+        worst: int,
+    ) -> None:
+        """A request was admitted one at a time: what its admission said was left."""
+        shape = shape_of(request)
+        state = self._shapes.get(shape)
+        if state is None:
+            return
+        state.worst = state.worst or worst
+        key = self._waiting(self._keys_waiting, request.key_id)
+        org = self._waiting(self._orgs_waiting, request.org_id)
+        if key is not None and org is not None:
+            key.left_requests, key.left_tokens = left_requests, left_tokens
+            org.left_budget = left_budget
 
-    def _batch_for(self, state: _ShapeState) -> int:
-        return min(self.batch, state.headroom // HEADROOM_PER_ADMISSION)
+    def _room(self, shape: Shape, state: _ShapeState) -> int:
+        """How many more of the shape may be admitted ahead now (see the module docstring)."""
+        key = self._keys_waiting.get(shape[1])
+        org = self._orgs_waiting.get(shape[0])
+        if key is None or org is None:
+            return 0
+        share = SHARE_OF_WHAT_IS_LEFT
+        tokens = max(1, shape[6] + shape[7])
+        room = min(
+            self.batch,
+            key.left_requests // share - key.count,
+            (key.left_tokens // share - key.tokens) // tokens,
+        )
+        if state.worst > 0:
+            room = min(room, (org.left_budget // share - org.nano) // state.worst)
+        return room
+
+    def _waiting(self, table: dict[str, _Waiting], name: str) -> _Waiting | None:
+        waiting = table.get(name)
+        if waiting is None:
+            if len(table) >= MAX_SHAPES:
+                for other in [n for n, w in table.items() if not w.count]:  # none waiting
+                    del table[other]
+                if len(table) >= MAX_SHAPES:
+                    return None
+            waiting = table[name] = _Waiting()
+        return waiting
+
+    def _gone(self, shape: Shape, count: int, nano: int) -> None:
+        """``count`` of the shape's admissions (``nano`` in all) are no longer waiting."""
+        self._keys_waiting[shape[1]].add(-count, -count * (shape[6] + shape[7]), 0)
+        self._orgs_waiting[shape[0]].add(-count, 0, -nano)
 
     def _forget_idle(self) -> bool:
-        """Room for a new shape: the shapes with nothing pooled or on its way forgotten."""
+        """Room for a new shape: the shapes with nothing waiting or on its way forgotten."""
         for shape, state in list(self._shapes.items()):
             if not state.entries and not state.refilling:
                 del self._shapes[shape]
@@ -197,15 +267,10 @@ class AdmissionsAhead:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _refill(self, shape: Shape, state: _ShapeState) -> None:
-        count = self._batch_for(state)
-        if count < 2:
-            return
-        state.refilling = True
-        self._spawn(self._admit_ahead(shape, state, count))
-
     async def _admit_ahead(self, shape: Shape, state: _ShapeState, count: int) -> None:
         org_id, key_id, plan_name, tier, model, customer_id, prompt, output = shape
+        key = self._keys_waiting[key_id]
+        org = self._orgs_waiting[org_id]
         try:
             plan = self._book.plan(plan_name)
             made_at = datetime.now(UTC)
@@ -217,6 +282,7 @@ class AdmissionsAhead:
                 max_output_tokens=output,
                 at=made_at,
             ).allowance_consumed_nano
+            state.worst = worst
             lifetime_s = self.lifetime_s
             change = self._book.next_change_after(made_at)
             if change is not None:
@@ -247,31 +313,40 @@ class AdmissionsAhead:
                 ],
             )
             expires = time.monotonic() + lifetime_s
-            headroom = 0
+            made = 0
             for member, reply in zip(members, replies, strict=False):
-                if reply[0] != b"ok":
+                if reply[0] != b"ok":  # a refusal: one at a time until an admission says
+                    key.left_requests = key.left_tokens = org.left_budget = 0
                     break
-                remaining_requests, remaining_tokens = int(reply[1]), int(reply[3])
-                headroom = min(
-                    remaining_requests,
-                    remaining_tokens // max(1, prompt + output),
-                    int(reply[6]) // worst if worst > 0 else remaining_requests,
+                left_requests, left_tokens, left_budget = (
+                    int(reply[1]),
+                    int(reply[3]),
+                    int(reply[6]),
                 )
+                key.left_requests, key.left_tokens = left_requests, left_tokens
+                org.left_budget = left_budget
                 headers = ratelimit_headers(
                     rpm=plan.rpm,
                     tpm=plan.tpm,
-                    remaining_requests=remaining_requests,
+                    remaining_requests=left_requests,
                     reset_requests_us=int(reply[2]),
-                    remaining_tokens=remaining_tokens,
+                    remaining_tokens=left_tokens,
                     reset_tokens_us=int(reply[4]),
                 )
+                headroom = min(
+                    left_requests,
+                    left_tokens // (prompt + output or 1),
+                    left_budget // worst if worst > 0 else left_requests,
+                )
                 state.entries.append(Ahead(member, period, headers, worst, headroom, expires))
-            state.headroom = headroom  # a refusal among them: 0, one at a time again
-            if state.entries:
+                made += 1
+            key.add(made, made * (prompt + output), 0)
+            org.add(made, 0, made * worst)
+            if made:
                 asyncio.get_running_loop().call_later(lifetime_s, self._expire, shape)
         except Exception as exc:  # Redis away or refusing: requests are admitted one by one
             logger.debug("admitting ahead failed: %s", exc)
-            state.headroom = 0
+            key.left_requests = key.left_tokens = org.left_budget = 0
         finally:
             state.refilling = False
 
@@ -285,6 +360,7 @@ class AdmissionsAhead:
         while state.entries and state.entries[0].expires <= now:
             stale.append(state.entries.popleft())
         if stale:
+            self._gone(shape, len(stale), sum(entry.reserved_nano_usd for entry in stale))
             self._spawn(self._release(shape, stale))
         if state.entries:  # a later batch's (or a timer that fired early): looked at again
             wait_s = state.entries[0].expires - now + 0.01
@@ -323,3 +399,5 @@ class AdmissionsAhead:
                 state.entries.clear()
                 await self._release(shape, entries)
         self._shapes.clear()
+        self._keys_waiting.clear()
+        self._orgs_waiting.clear()

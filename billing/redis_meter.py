@@ -303,7 +303,13 @@ class RedisMeter:
             int(reply[3]) // max(1, tokens),
             int(reply[6]) // worst_nano if worst_nano > 0 else int(reply[1]),
         )
-        self.ahead.admitted(request, headroom)
+        self.ahead.admitted(
+            request,
+            left_requests=int(reply[1]),
+            left_tokens=int(reply[3]),
+            left_budget=int(reply[6]),
+            worst=worst_nano,
+        )
         return Admission(
             request=request,
             headers=headers,

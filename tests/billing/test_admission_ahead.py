@@ -228,3 +228,34 @@ async def test_off_when_the_batch_is_zero(make_meter: MeterFactory) -> None:
         assert meter.admit_ready(request) is None
         await meter.admit(request)
         await asyncio.sleep(0.01)
+
+
+@on_session_loop
+async def test_what_waits_is_a_share_of_what_the_key_and_the_org_have_left(
+    make_meter: MeterFactory,
+) -> None:
+    """Nine busy shapes of one key and org: what their admissions made ahead hold, in
+    all, is a 16th of what the key had left of its requests per minute ("pro": 600), or
+    of what the org had left of its budget ("tiny": $0.05), when they were made; not a
+    batch of 16 for each shape."""
+    meter = make_meter(admission_ahead_batch=16, admission_ahead_lifetime_ms=30_000)
+    for plan in ("pro", "tiny"):
+        org_id = org()
+        for prompt in range(8, 17):  # nine shapes (rounded up only past 16 tokens)
+            for _ in range(2 * HOT_ARRIVALS):
+                request = admission_request(org=org_id, plan=plan, prompt=prompt, max_output=10)
+                admission, _ = await admit(meter, request)
+                await meter.settle(admission, usage_for(request, completion=10))
+                await asyncio.sleep(0.005)
+            if prompt == 8:
+                first = await budget(meter, org_id, period_of(admission))
+        await asyncio.sleep(0.1)  # the last batches made
+        period = period_of(admission)
+        waiting = await reservations(meter, org_id, period)  # every request is settled
+        assert waiting > 0
+        if plan == "pro":
+            assert waiting <= 600 // 16
+        else:
+            # The first shape's batch took the org's share; no other shape added to it.
+            assert (await budget(meter, org_id, period))["reserved"] == first["reserved"]
+            assert first["reserved"] * 16 <= 50_000_000 - first["used"]
