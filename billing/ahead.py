@@ -23,16 +23,17 @@ What this changes, and its bounds:
   a busy key's requests up to ``lifetime_s`` late. The budget is never overrun by it:
   the money of every admission made ahead is reserved when it is made. Nor does one
   outlive a change of price or promotion (its reservation was priced before it).
-- Only keys and orgs far from their limits get them. What a key has waiting, over all
-  its shapes, is at most ``1 / SHARE_OF_WHAT_IS_LEFT`` of the requests and tokens per
-  minute it had left when they were made (as its last admission said), and what an org
-  has waiting, over all its keys, that share of what was left of its budget: so
-  admissions made ahead never stand in the way of the org's other requests for more than
-  that share of what was left when they were made (until they are taken or given
-  back), and a key
-  nearing a limit, or an org nearing its budget, is admitted one request at a time as
-  before. A new batch is asked for while fewer than a batch are left, so the pool does
-  not run dry under a steady load (its requests would wait behind it).
+- Only keys and orgs far from their limits get them. In one gateway process, what a key
+  has waiting (asked for or made, over all its shapes) is at most
+  ``1 / SHARE_OF_WHAT_IS_LEFT`` of the requests and tokens per minute its last admission
+  said it had left, and what an org has waiting, over all its keys, at most that share
+  of what was left of its budget. Each process sees the others' in what Redis says is
+  left, so N processes busy with one org hold at most 1 - (15/16)^N of what it had left
+  (a sixteenth for one, 12% for two, 48% for ten), money its busy keys' next requests
+  take within the lifetime or give back. A key nearing a limit, or an org nearing its
+  budget, is admitted one request at a time as before. A new batch is asked for while
+  fewer than a batch are left, so the pool does not run dry under a steady load (its
+  requests would wait behind it).
 - Only busy shapes: ``HOT_ARRIVALS`` of its requests within one lifetime.
 - Requests taking them are charged their shape's tokens (an eighth more at most) and
   report the rate-limit figures of when they were made.
@@ -57,7 +58,8 @@ from billing.headers import ratelimit_headers
 from billing.keyspace import Keyspace
 from billing.lua import ADMIT_AHEAD, RELEASE_AHEAD
 from billing.meter import AdmissionRequest
-from billing.pricing import PriceBook, worst_case_charge
+from billing.periods import period_bounds
+from billing.pricing import PriceBook, PriceBookError, worst_case_charge
 
 logger = logging.getLogger(__name__)
 
@@ -113,32 +115,37 @@ class Ahead(NamedTuple):
     expires: float
 
 
-class _ShapeState:
-    __slots__ = ("arrivals", "entries", "refilling", "window_start", "worst")
-
-    def __init__(self, now: float, worst: int) -> None:
-        self.entries: deque[Ahead] = deque()
-        self.window_start = now
-        self.arrivals = 0
-        self.refilling = False
-        #: The reservation of one of its admissions made ahead (as last priced).
-        self.worst = worst
-
-
 class _Waiting:
-    """A key's (or an org's) admissions made ahead and not yet taken, and what its last
-    admission said it had left."""
+    """A key's (or an org's) admissions made ahead and not yet taken, counted from when
+    they are asked for, and what its last admission said it had left."""
 
-    __slots__ = ("count", "left_budget", "left_requests", "left_tokens", "nano", "tokens")
+    __slots__ = ("count", "left_budget", "left_requests", "left_tokens", "nano", "shapes", "tokens")
 
     def __init__(self) -> None:
         self.count = self.tokens = self.nano = 0
         self.left_requests = self.left_tokens = self.left_budget = 0
+        #: Tracked shapes that count here: it is forgotten with the last of them.
+        self.shapes = 0
 
     def add(self, count: int, tokens: int, nano: int) -> None:
         self.count += count
         self.tokens += tokens
         self.nano += nano
+
+
+class _ShapeState:
+    __slots__ = ("arrivals", "entries", "key", "org", "refilling", "timer", "window_start", "worst")
+
+    def __init__(self, now: float, key: _Waiting, org: _Waiting) -> None:
+        self.entries: deque[Ahead] = deque()
+        self.window_start = now
+        self.arrivals = 0
+        self.refilling = False
+        #: The reservation of one admission made ahead of the shape (0: not priced yet).
+        self.worst = 0
+        self.key, self.org = key, org
+        #: The one timer that gives back what expires (None: none pending).
+        self.timer: asyncio.TimerHandle | None = None
 
 
 class AdmissionsAhead:
@@ -163,104 +170,107 @@ class AdmissionsAhead:
         self.lifetime_s = lifetime_s
         self._reservation_ttl_s = reservation_ttl_s
         self._shapes: dict[Shape, _ShapeState] = {}
-        #: Per key (its requests and tokens) and per org (its money) what is waiting.
+        #: What waits per key (its requests and tokens) and per org (its money).
         self._keys_waiting: dict[str, _Waiting] = {}
         self._orgs_waiting: dict[str, _Waiting] = {}
         self._ids = itertools.count()
         #: Ids unique to this process: the reservations of every gateway share a hash.
         self._prefix = f"ahead-{uuid.uuid4().hex[:12]}-"
         self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
         self._taken = metrics.admissions_ahead.labels("taken")
         self._released = metrics.admissions_ahead.labels("released")
 
     def take(self, request: AdmissionRequest) -> Ahead | None:
-        if not self.batch:
+        if not self.batch or self._closed:
             return None
         shape = shape_of(request)
-        state = self._shapes.get(shape)
-        now = time.monotonic()
+        state = self._shapes.get(shape) or self._track(shape)
         if state is None:
-            if len(self._shapes) >= MAX_SHAPES and not self._forget_idle():
-                return None
-            state = self._shapes[shape] = _ShapeState(now, 0)
+            return None
+        now = time.monotonic()
         if now - state.window_start > self.lifetime_s:
             state.window_start, state.arrivals = now, 0
         state.arrivals += 1
         entries = state.entries
-        if entries and entries[0].expires < now:
-            self._expire(shape)
+        if entries and entries[0].expires <= now:
+            self._give_back_expired(shape, state, now)
         taken = None
         if entries:
             taken = entries.popleft()
-            self._gone(shape, 1, taken.reserved_nano_usd)
+            state.key.add(-1, -(shape[6] + shape[7]), 0)
+            state.org.add(-1, 0, -taken.reserved_nano_usd)
             self._taken.inc()
         if not state.refilling and state.arrivals >= HOT_ARRIVALS and len(entries) < self.batch:
-            count = self._room(shape, state)
-            if count >= 2:
-                state.refilling = True
-                self._spawn(self._admit_ahead(shape, state, count))
+            self._refill(shape, state)
         return taken
 
     def admitted(
-        self,
-        request: AdmissionRequest,
-        *,
-        left_requests: int,
-        left_tokens: int,
-        left_budget: int,
-        worst: int,
+        self, request: AdmissionRequest, *, left_requests: int, left_tokens: int, left_budget: int
     ) -> None:
         """A request was admitted one at a time: what its admission said was left."""
-        shape = shape_of(request)
-        state = self._shapes.get(shape)
-        if state is None:
-            return
-        state.worst = state.worst or worst
-        key = self._waiting(self._keys_waiting, request.key_id)
-        org = self._waiting(self._orgs_waiting, request.org_id)
-        if key is not None and org is not None:
-            key.left_requests, key.left_tokens = left_requests, left_tokens
-            org.left_budget = left_budget
+        state = self._shapes.get(shape_of(request))
+        if state is not None:
+            state.key.left_requests, state.key.left_tokens = left_requests, left_tokens
+            state.org.left_budget = left_budget
 
-    def _room(self, shape: Shape, state: _ShapeState) -> int:
-        """How many more of the shape may be admitted ahead now (see the module docstring)."""
-        key = self._keys_waiting.get(shape[1])
-        org = self._orgs_waiting.get(shape[0])
-        if key is None or org is None:
-            return 0
-        share = SHARE_OF_WHAT_IS_LEFT
-        tokens = max(1, shape[6] + shape[7])
-        room = min(
-            self.batch,
-            key.left_requests // share - key.count,
-            (key.left_tokens // share - key.tokens) // tokens,
-        )
-        if state.worst > 0:
-            room = min(room, (org.left_budget // share - org.nano) // state.worst)
-        return room
-
-    def _waiting(self, table: dict[str, _Waiting], name: str) -> _Waiting | None:
-        waiting = table.get(name)
-        if waiting is None:
-            if len(table) >= MAX_SHAPES:
-                for other in [n for n, w in table.items() if not w.count]:  # none waiting
-                    del table[other]
-                if len(table) >= MAX_SHAPES:
-                    return None
-            waiting = table[name] = _Waiting()
-        return waiting
-
-    def _gone(self, shape: Shape, count: int, nano: int) -> None:
-        """``count`` of the shape's admissions (``nano`` in all) are no longer waiting."""
-        self._keys_waiting[shape[1]].add(-count, -count * (shape[6] + shape[7]), 0)
-        self._orgs_waiting[shape[0]].add(-count, 0, -nano)
+    def _track(self, shape: Shape) -> _ShapeState | None:
+        if len(self._shapes) >= MAX_SHAPES and not self._forget_idle():
+            return None
+        key = self._keys_waiting.setdefault(shape[1], _Waiting())
+        org = self._orgs_waiting.setdefault(shape[0], _Waiting())
+        key.shapes += 1
+        org.shapes += 1
+        state = self._shapes[shape] = _ShapeState(time.monotonic(), key, org)
+        return state
 
     def _forget_idle(self) -> bool:
-        """Room for a new shape: the shapes with nothing waiting or on its way forgotten."""
+        """Room for a new shape: those with nothing waiting or on its way forgotten (with
+        their keys and orgs, once no shape counts there)."""
         for shape, state in list(self._shapes.items()):
-            if not state.entries and not state.refilling:
-                del self._shapes[shape]
+            if state.entries or state.refilling:
+                continue
+            del self._shapes[shape]
+            for table, name, waiting in (
+                (self._keys_waiting, shape[1], state.key),
+                (self._orgs_waiting, shape[0], state.org),
+            ):
+                waiting.shapes -= 1
+                if not waiting.shapes:
+                    del table[name]
         return len(self._shapes) < MAX_SHAPES
+
+    def _refill(self, shape: Shape, state: _ShapeState) -> None:
+        """Ask for the shape's next batch, as large as the key's and the org's share of
+        what they have left allows (counted as waiting from now: concurrent batches of
+        the key's or the org's other shapes see it)."""
+        tokens = shape[6] + shape[7]
+        if not state.worst:
+            state.worst = self._price(shape, datetime.now(UTC))
+        key, org, share = state.key, state.org, SHARE_OF_WHAT_IS_LEFT
+        count = min(
+            self.batch,
+            key.left_requests // share - key.count,
+            (key.left_tokens // share - key.tokens) // max(1, tokens),
+        )
+        if state.worst > 0:
+            count = min(count, (org.left_budget // share - org.nano) // state.worst)
+        if count < 2:
+            return
+        state.refilling = True
+        key.add(count, count * tokens, 0)
+        org.add(count, 0, count * state.worst)
+        self._spawn(self._admit_ahead(shape, state, count))
+
+    def _price(self, shape: Shape, at: datetime) -> int:
+        return worst_case_charge(
+            self._book,
+            tier=shape[3],  # type: ignore[arg-type]
+            model=shape[4],
+            prompt_tokens=shape[6],
+            max_output_tokens=shape[7],
+            at=at,
+        ).allowance_consumed_nano
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
@@ -268,28 +278,24 @@ class AdmissionsAhead:
         task.add_done_callback(self._tasks.discard)
 
     async def _admit_ahead(self, shape: Shape, state: _ShapeState, count: int) -> None:
-        org_id, key_id, plan_name, tier, model, customer_id, prompt, output = shape
-        key = self._keys_waiting[key_id]
-        org = self._orgs_waiting[org_id]
+        org_id, key_id, plan_name, _, _, customer_id, prompt, output = shape
+        key, org, asked_worst = state.key, state.org, state.worst
+        members = [f"{self._prefix}{next(self._ids)}" for _ in range(count)]
+        period = self._period()
+        made: list[Ahead] = []
         try:
             plan = self._book.plan(plan_name)
             made_at = datetime.now(UTC)
-            worst = worst_case_charge(
-                self._book,
-                tier=tier,  # type: ignore[arg-type]
-                model=model,
-                prompt_tokens=prompt,
-                max_output_tokens=output,
-                at=made_at,
-            ).allowance_consumed_nano
-            state.worst = worst
-            lifetime_s = self.lifetime_s
-            change = self._book.next_change_after(made_at)
-            if change is not None:
-                lifetime_s = min(lifetime_s, (change - made_at).total_seconds())
-            period = self._period()
+            # Until the next price or promotion change, or the month's end: an admission
+            # is priced, and its money reserved in a period's budget, when it is made.
+            ends = [period_bounds(period)[1], self._book.next_change_after(made_at)]
+            lifetime_s = min(
+                [self.lifetime_s] + [(end - made_at).total_seconds() for end in ends if end]
+            )
+            # Counted from before the call: a slow reply does not stretch the lifetime.
+            expires = time.monotonic() + lifetime_s
+            worst = state.worst = self._price(shape, made_at)
             budget = f"{self._keys.budget_prefix(org_id)}{period}"
-            members = [f"{self._prefix}{next(self._ids)}" for _ in range(count)]
             replies = await self._scripts.call(
                 ADMIT_AHEAD_SCRIPT,
                 [
@@ -312,17 +318,12 @@ class AdmissionsAhead:
                     *members,
                 ],
             )
-            expires = time.monotonic() + lifetime_s
-            made = 0
             for member, reply in zip(members, replies, strict=False):
                 if reply[0] != b"ok":  # a refusal: one at a time until an admission says
                     key.left_requests = key.left_tokens = org.left_budget = 0
                     break
-                left_requests, left_tokens, left_budget = (
-                    int(reply[1]),
-                    int(reply[3]),
-                    int(reply[6]),
-                )
+                left_requests, left_tokens = int(reply[1]), int(reply[3])
+                left_budget = int(reply[6])
                 key.left_requests, key.left_tokens = left_requests, left_tokens
                 org.left_budget = left_budget
                 headers = ratelimit_headers(
@@ -338,66 +339,87 @@ class AdmissionsAhead:
                     left_tokens // (prompt + output or 1),
                     left_budget // worst if worst > 0 else left_requests,
                 )
-                state.entries.append(Ahead(member, period, headers, worst, headroom, expires))
-                made += 1
-            key.add(made, made * (prompt + output), 0)
-            org.add(made, 0, made * worst)
-            if made:
-                asyncio.get_running_loop().call_later(lifetime_s, self._expire, shape)
-        except Exception as exc:  # Redis away or refusing: requests are admitted one by one
-            logger.debug("admitting ahead failed: %s", exc)
+                made.append(Ahead(member, period, headers, worst, headroom, expires))
+        except Exception as exc:
+            # Redis away, slow or refusing. The script may have run (a reply that timed
+            # out): what it admitted is given back, by every id asked for (one that was
+            # not made is not there to give back).
+            logger.warning("admitting ahead failed: %s", exc)
             key.left_requests = key.left_tokens = org.left_budget = 0
+            made.clear()
+            if not isinstance(exc, PriceBookError):
+                self._spawn(self._release(shape, period, members))
         finally:
+            unmade = count - len(made)
+            key.add(-unmade, -unmade * (prompt + output), 0)
+            org.add(-unmade, 0, len(made) * state.worst - count * asked_worst)
             state.refilling = False
-
-    def _expire(self, shape: Shape) -> None:
-        """Give back the shape's admissions past their lifetime."""
-        state = self._shapes.get(shape)
-        if state is None:
+        if self._closed:  # made while closing: given back at once
+            self._spawn(self._release(shape, period, [entry.member for entry in made]))
             return
-        now = time.monotonic()
+        state.entries.extend(made)
+        self._arm(shape, state)
+
+    def _arm(self, shape: Shape, state: _ShapeState) -> None:
+        """One timer per shape, due when its oldest admission made ahead expires."""
+        if state.timer is None and state.entries and not self._closed:
+            wait_s = max(0.0, state.entries[0].expires - time.monotonic()) + 0.01
+            state.timer = asyncio.get_running_loop().call_later(wait_s, self._expired, shape)
+
+    def _expired(self, shape: Shape) -> None:
+        state = self._shapes.get(shape)
+        if state is None or self._closed:
+            return
+        state.timer = None
+        self._give_back_expired(shape, state, time.monotonic())
+        self._arm(shape, state)
+
+    def _give_back_expired(self, shape: Shape, state: _ShapeState, now: float) -> None:
+        """Give back the shape's admissions past their lifetime (batches are made in
+        order and live alike, so the expired ones are the oldest)."""
         stale: list[Ahead] = []
         while state.entries and state.entries[0].expires <= now:
             stale.append(state.entries.popleft())
         if stale:
-            self._gone(shape, len(stale), sum(entry.reserved_nano_usd for entry in stale))
-            self._spawn(self._release(shape, stale))
-        if state.entries:  # a later batch's (or a timer that fired early): looked at again
-            wait_s = state.entries[0].expires - now + 0.01
-            asyncio.get_running_loop().call_later(wait_s, self._expire, shape)
+            state.key.add(-len(stale), -len(stale) * (shape[6] + shape[7]), 0)
+            state.org.add(-len(stale), 0, -sum(entry.reserved_nano_usd for entry in stale))
+            for period in {entry.period for entry in stale}:
+                members = [entry.member for entry in stale if entry.period == period]
+                self._spawn(self._release(shape, period, members))
 
-    async def _release(self, shape: Shape, entries: list[Ahead]) -> None:
+    async def _release(self, shape: Shape, period: str, members: list[str]) -> None:
+        if not members:
+            return
         org_id, key_id, plan_name, *_, prompt, output = shape
-        for period in {entry.period for entry in entries}:
-            budget = f"{self._keys.budget_prefix(org_id)}{period}"
-            members = [entry.member for entry in entries if entry.period == period]
-            try:
-                plan = self._book.plan(plan_name)
-                released = await self._scripts.call(
-                    RELEASE_AHEAD_SCRIPT,
-                    [
-                        self._keys.ratelimit(org_id, key_id),
-                        budget,
-                        f"{budget}:resv",
-                        f"{budget}:resv-amount",
-                    ],
-                    [plan.rpm, plan.tpm, prompt + output, *members],
-                )
-            except Exception as exc:  # held until the reservation's TTL releases it
-                logger.warning("giving back %d admissions made ahead failed: %s", len(members), exc)
-            else:
-                self._released.inc(int(released))
+        budget = f"{self._keys.budget_prefix(org_id)}{period}"
+        try:
+            plan = self._book.plan(plan_name)
+            released = await self._scripts.call(
+                RELEASE_AHEAD_SCRIPT,
+                [
+                    self._keys.ratelimit(org_id, key_id),
+                    budget,
+                    f"{budget}:resv",
+                    f"{budget}:resv-amount",
+                ],
+                [plan.rpm, plan.tpm, prompt + output, *members],
+            )
+        except Exception as exc:  # held until the reservations' TTL releases them
+            logger.warning("giving back %d admissions made ahead failed: %s", len(members), exc)
+        else:
+            self._released.inc(int(released))
 
     async def aclose(self) -> None:
-        """Give back every admission made ahead, once those on their way are made."""
-        self.batch = 0
+        """Give back every admission made ahead (and those on their way, once made)."""
+        self._closed = True
+        for shape, state in self._shapes.items():
+            if state.timer is not None:
+                state.timer.cancel()
+            while state.entries:
+                entry = state.entries.popleft()
+                self._spawn(self._release(shape, entry.period, [entry.member]))
         while self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        for shape, state in list(self._shapes.items()):
-            if state.entries:
-                entries = list(state.entries)
-                state.entries.clear()
-                await self._release(shape, entries)
         self._shapes.clear()
         self._keys_waiting.clear()
         self._orgs_waiting.clear()

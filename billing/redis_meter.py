@@ -308,7 +308,6 @@ class RedisMeter:
             left_requests=int(reply[1]),
             left_tokens=int(reply[3]),
             left_budget=int(reply[6]),
-            worst=worst_nano,
         )
         return Admission(
             request=request,

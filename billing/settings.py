@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_PRICEBOOK_PATH = Path(__file__).with_name("pricebook.yaml")
@@ -104,3 +104,14 @@ class BillingSettings(BaseSettings):
     metrics_port: int | None = None
     #: Where `cstack beat` keeps its schedule state.
     beat_schedule_file: Path = Path(".cstack/celerybeat-schedule")
+
+    @model_validator(mode="after")
+    def _admissions_ahead_outlived_by_their_reservations(self) -> BillingSettings:
+        # An admission made ahead is not renewed while it waits: its reservation must not
+        # expire (and its money be released) before a request can take it.
+        if self.admission_ahead_lifetime_ms >= self.reservation_ttl_s * 1000:
+            raise ValueError(
+                f"admission_ahead_lifetime_ms ({self.admission_ahead_lifetime_ms}) must be "
+                f"shorter than reservation_ttl_s ({self.reservation_ttl_s} s)"
+            )
+        return self

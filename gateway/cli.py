@@ -77,6 +77,10 @@ def gateway(
     }
     given = {k: v for k, v in overrides.items() if v is not None}
     settings = _settings(**given)
+    if settings.billing:  # its settings checked here too: one line, not a traceback
+        from billing.settings import BillingSettings
+
+        _valid(BillingSettings)
     if settings.gateway_workers == 1:
         freeze_and_serve(build_app(settings), settings)
         return
@@ -155,15 +159,21 @@ def list_keys(org: Annotated[str, typer.Option(help="Org id.")]) -> None:
 
 
 def _settings(**overrides: Any) -> Any:
-    from pydantic import ValidationError
-
     from gateway.settings import GatewaySettings
 
+    return _valid(GatewaySettings, **overrides)
+
+
+def _valid(settings_class: Callable[..., T], **overrides: Any) -> T:
+    """The settings, or the command ended with the first thing wrong with them."""
+    from pydantic import ValidationError
+
     try:
-        return GatewaySettings(**overrides)
+        return settings_class(**overrides)
     except ValidationError as exc:
         first = exc.errors()[0]
-        _fail(f"invalid setting {'.'.join(map(str, first['loc']))}: {first['msg']}")
+        where = ".".join(map(str, first["loc"]))
+        _fail(f"invalid setting{' ' + where if where else ''}: {first['msg']}")
 
 
 def _with_store(action: Callable[[Any], Awaitable[T]]) -> T:

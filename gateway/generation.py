@@ -164,6 +164,8 @@ class GenerationHandler:
         key_id = principal.key.key_id
         # Made ahead for a busy key (billing.ahead): no round trip to wait for or overlap.
         admission = self._meter.admit_ready(admission_request)
+        if admission is not None:
+            self._standing.granted(key_id, admission)
         overlapped = (
             admission is None
             and self._settings.overlap_admission

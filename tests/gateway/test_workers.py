@@ -236,6 +236,18 @@ def test_workers_must_be_at_least_one() -> None:
     assert result.stderr.strip() == "error: --workers must be at least 1 (got 0)"
 
 
+def test_bad_billing_settings_end_the_gateway_in_one_line() -> None:
+    env = {**os.environ, "CSTACK_RESERVATION_TTL_S": "1"}
+    result = subprocess.run(
+        cstack_command("gateway"), capture_output=True, text=True, timeout=60, env=env
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "error: invalid setting: Value error, admission_ahead_lifetime_ms (1000) must be "
+        "shorter than reservation_ttl_s (1 s)"
+    )
+
+
 def test_each_worker_holds_its_share_of_an_engines_slots() -> None:
     assert [share(8, worker, 3) for worker in range(3)] == [3, 3, 2]
     assert [share(2_000_000_000, worker, 2) for worker in range(2)] == [10**9, 10**9]
