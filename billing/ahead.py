@@ -246,7 +246,10 @@ class AdmissionsAhead:
         the key's or the org's other shapes see it)."""
         tokens = shape[6] + shape[7]
         if not state.worst:
-            state.worst = self._price(shape, datetime.now(UTC))
+            try:
+                state.worst = self._price(shape, datetime.now(UTC))
+            except PriceBookError:  # admission itself refuses the request
+                return
         key, org, share = state.key, state.org, SHARE_OF_WHAT_IS_LEFT
         count = min(
             self.batch,
