@@ -144,3 +144,20 @@ def own_valkey(tmp_path: Path) -> Iterator[ValkeyServer]:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def usage_upstream(tmp_path: Path) -> Iterator[str]:
+    """The fast OpenAI-speaking stand-in (``usage_upstream.py``) streaming vLLM's usage,
+    for load that CPU vLLM cannot serve in a test's time; its base URL."""
+    port = free_port()
+    log = (tmp_path / "upstream.log").open("wb")
+    command = [sys.executable, str(Path(__file__).with_name("usage_upstream.py")), str(port)]
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: port_open(port), 30, "the upstream stand-in to listen")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+        log.close()

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -28,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 import redis
-from billing_support import keyspace, port_open, usage_entries, wait_for
+from billing_support import keyspace, usage_entries, wait_for
 from gateway_processes import gateway_processes
 from redis.asyncio import Redis
 from usage_upstream import SLOW_SEED
@@ -36,31 +34,15 @@ from usage_upstream import SLOW_SEED
 from billing.pricing import load_pricebook, worst_case_charge
 from billing.settings import BillingSettings
 from gateway.keys import KeyStore
-from serving.process import free_port
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 TTL_S = 5
 ORG = "org-shapes"
-STAND_IN = Path(__file__).with_name("usage_upstream.py")
-
-
-@pytest.fixture
-def upstream(tmp_path: Path) -> Iterator[str]:
-    port = free_port()
-    log = (tmp_path / "upstream.log").open("wb")
-    command = [sys.executable, str(STAND_IN), str(port)]
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        wait_for(lambda: port_open(port), 30, "the upstream stand-in to listen")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
 
 
 @pytest.fixture
 def gateways(
-    billing_settings: BillingSettings, upstream: str, tmp_path: Path
+    billing_settings: BillingSettings, usage_upstream: str, tmp_path: Path
 ) -> Iterator[list[str]]:
     # A Redis call that times out under this burst on two cores would fail closed (503):
     # safe, but not what this test is about. Nor is engine admission: the stand-in upstream
@@ -72,7 +54,7 @@ def gateways(
         "reservation_ttl_s": TTL_S,
         "engine_admission": False,
     }
-    with gateway_processes(values, upstream, tmp_path) as urls:
+    with gateway_processes(values, usage_upstream, tmp_path) as urls:
         yield urls
 
 

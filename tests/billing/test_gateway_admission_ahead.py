@@ -12,15 +12,12 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 import redis
-from billing_support import keyspace, port_open, usage_entries, wait_for
+from billing_support import keyspace, usage_entries
 from gateway_processes import gateway_processes
 from openai import AsyncOpenAI
 from redis.asyncio import Redis
@@ -30,24 +27,8 @@ from gateway.keys import KeyStore
 from serving.process import free_port
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
-STAND_IN = Path(__file__).with_name("usage_upstream.py")
 ORG = "org-busy-key"
 CLIENTS, EACH = 6, 25
-
-
-@pytest.fixture
-def upstream(tmp_path: Path) -> Iterator[str]:
-    port = free_port()
-    log = (tmp_path / "upstream.log").open("wb")
-    process = subprocess.Popen(
-        [sys.executable, str(STAND_IN), str(port)], stdout=log, stderr=subprocess.STDOUT
-    )
-    try:
-        wait_for(lambda: port_open(port), 30, "the upstream stand-in to listen")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
 
 
 def taken_ahead(metrics_port: int) -> float:
@@ -58,7 +39,7 @@ def taken_ahead(metrics_port: int) -> float:
 
 
 async def test_a_busy_key_is_admitted_ahead_and_billed_exactly(
-    billing_settings: BillingSettings, upstream: str, tmp_path: Path
+    billing_settings: BillingSettings, usage_upstream: str, tmp_path: Path
 ) -> None:
     store_redis = Redis.from_url(billing_settings.redis_url)
     store = KeyStore(store_redis, "metered")
@@ -68,7 +49,7 @@ async def test_a_busy_key_is_admitted_ahead_and_billed_exactly(
 
     values = {**billing_settings.model_dump(), "redis_timeout_s": 15, "engine_admission": False}
     metrics_ports = [free_port(), free_port()]
-    with gateway_processes(values, upstream, tmp_path, internal_ports=metrics_ports) as urls:
+    with gateway_processes(values, usage_upstream, tmp_path, internal_ports=metrics_ports) as urls:
         clients = [AsyncOpenAI(base_url=f"{url}/v1", api_key=token) for url in urls]
 
         async def client_loop(index: int) -> list[tuple[str, dict[str, str]]]:
