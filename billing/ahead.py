@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import time
 import uuid
 from collections import deque
@@ -178,6 +179,8 @@ class AdmissionsAhead:
         self._prefix = f"ahead-{uuid.uuid4().hex[:12]}-"
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        #: When ``_forget_idle`` last looked over the shapes.
+        self._forgot_at = -math.inf
         self._taken = metrics.admissions_ahead.labels("taken")
         self._released = metrics.admissions_ahead.labels("released")
 
@@ -215,8 +218,14 @@ class AdmissionsAhead:
             state.org.left_budget = left_budget
 
     def _track(self, shape: Shape) -> _ShapeState | None:
-        if len(self._shapes) >= MAX_SHAPES and not self._forget_idle():
-            return None
+        if len(self._shapes) >= MAX_SHAPES:
+            # Looked over at most once a lifetime: every shape busy, nothing to forget.
+            now = time.monotonic()
+            if now - self._forgot_at < self.lifetime_s:
+                return None
+            self._forgot_at = now
+            if not self._forget_idle():
+                return None
         key = self._keys_waiting.setdefault(shape[1], _Waiting())
         org = self._orgs_waiting.setdefault(shape[0], _Waiting())
         key.shapes += 1
@@ -230,6 +239,8 @@ class AdmissionsAhead:
         for shape, state in list(self._shapes.items()):
             if state.entries or state.refilling:
                 continue
+            if state.timer is not None:
+                state.timer.cancel()
             del self._shapes[shape]
             for table, name, waiting in (
                 (self._keys_waiting, shape[1], state.key),
@@ -248,7 +259,7 @@ class AdmissionsAhead:
         if not state.worst:
             try:
                 state.worst = self._price(shape, datetime.now(UTC))
-            except PriceBookError:  # admission itself refuses the request
+            except Exception:  # admission itself refuses (or fails) the request
                 return
         key, org, share = state.key, state.org, SHARE_OF_WHAT_IS_LEFT
         count = min(
@@ -263,7 +274,7 @@ class AdmissionsAhead:
         state.refilling = True
         key.add(count, count * tokens, 0)
         org.add(count, 0, count * state.worst)
-        self._spawn(self._admit_ahead(shape, state, count))
+        self._spawn(self._admit_ahead(shape, state, count, state.worst))
 
     def _price(self, shape: Shape, at: datetime) -> int:
         return worst_case_charge(
@@ -280,9 +291,13 @@ class AdmissionsAhead:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _admit_ahead(self, shape: Shape, state: _ShapeState, count: int) -> None:
+    async def _admit_ahead(
+        self, shape: Shape, state: _ShapeState, count: int, asked_worst: int
+    ) -> None:
+        """Make ``count`` admissions of the shape, counted as waiting (at ``asked_worst``
+        each) by ``_refill``: what is not made is taken off again."""
         org_id, key_id, plan_name, _, _, customer_id, prompt, output = shape
-        key, org, asked_worst = state.key, state.org, state.worst
+        key, org = state.key, state.org
         members = [f"{self._prefix}{next(self._ids)}" for _ in range(count)]
         period = self._period()
         made: list[Ahead] = []
@@ -295,6 +310,10 @@ class AdmissionsAhead:
             lifetime_s = min(
                 [self.lifetime_s] + [(end - made_at).total_seconds() for end in ends if end]
             )
+            if lifetime_s < self.lifetime_s / 4:
+                # A change (or, by this gateway's clock, the month's end: Redis's clock
+                # names the period) is too close for a batch to be of use.
+                return
             # Counted from before the call: a slow reply does not stretch the lifetime.
             expires = time.monotonic() + lifetime_s
             worst = state.worst = self._price(shape, made_at)
@@ -343,15 +362,19 @@ class AdmissionsAhead:
                     left_budget // worst if worst > 0 else left_requests,
                 )
                 made.append(Ahead(member, period, headers, worst, headroom, expires))
+        except asyncio.CancelledError:  # the script may have run: given back, if it can be
+            self._spawn(self._release(shape, period, members))
+            raise
         except Exception as exc:
             # Redis away, slow or refusing. The script may have run (a reply that timed
             # out): what it admitted is given back, by every id asked for (one that was
-            # not made is not there to give back).
+            # not made is not there to give back), once more a moment later if Redis is
+            # still too slow to take that.
             logger.warning("admitting ahead failed: %s", exc)
             key.left_requests = key.left_tokens = org.left_budget = 0
             made.clear()
             if not isinstance(exc, PriceBookError):
-                self._spawn(self._release(shape, period, members))
+                self._spawn(self._release(shape, period, members, again_after_s=1.0))
         finally:
             unmade = count - len(made)
             key.add(-unmade, -unmade * (prompt + output), 0)
@@ -367,11 +390,10 @@ class AdmissionsAhead:
         """One timer per shape, due when its oldest admission made ahead expires."""
         if state.timer is None and state.entries and not self._closed:
             wait_s = max(0.0, state.entries[0].expires - time.monotonic()) + 0.01
-            state.timer = asyncio.get_running_loop().call_later(wait_s, self._expired, shape)
+            state.timer = asyncio.get_running_loop().call_later(wait_s, self._expired, shape, state)
 
-    def _expired(self, shape: Shape) -> None:
-        state = self._shapes.get(shape)
-        if state is None or self._closed:
+    def _expired(self, shape: Shape, state: _ShapeState) -> None:
+        if self._closed or self._shapes.get(shape) is not state:  # forgotten since
             return
         state.timer = None
         self._give_back_expired(shape, state, time.monotonic())
@@ -390,7 +412,9 @@ class AdmissionsAhead:
                 members = [entry.member for entry in stale if entry.period == period]
                 self._spawn(self._release(shape, period, members))
 
-    async def _release(self, shape: Shape, period: str, members: list[str]) -> None:
+    async def _release(
+        self, shape: Shape, period: str, members: list[str], again_after_s: float | None = None
+    ) -> None:
         if not members:
             return
         org_id, key_id, plan_name, *_, prompt, output = shape
@@ -407,7 +431,12 @@ class AdmissionsAhead:
                 ],
                 [plan.rpm, plan.tpm, prompt + output, *members],
             )
-        except Exception as exc:  # held until the reservations' TTL releases them
+        except Exception as exc:
+            if again_after_s is not None and not self._closed:
+                await asyncio.sleep(again_after_s)
+                await self._release(shape, period, members)
+                return
+            # Held until the reservations' TTL releases them.
             logger.warning("giving back %d admissions made ahead failed: %s", len(members), exc)
         else:
             self._released.inc(int(released))
@@ -418,9 +447,10 @@ class AdmissionsAhead:
         for shape, state in self._shapes.items():
             if state.timer is not None:
                 state.timer.cancel()
-            while state.entries:
-                entry = state.entries.popleft()
-                self._spawn(self._release(shape, entry.period, [entry.member]))
+            entries, state.entries = list(state.entries), deque()
+            for period in {entry.period for entry in entries}:
+                members = [entry.member for entry in entries if entry.period == period]
+                self._spawn(self._release(shape, period, members))
         while self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         self._shapes.clear()

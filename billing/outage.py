@@ -1,4 +1,5 @@
-"""What one gateway process may admit while Redis is unreachable: a small allowance per outage.
+"""Admission while Redis does not answer: when it counts as unreachable, the 503 refusal,
+and what one gateway process may admit meanwhile (a small allowance per outage).
 
 Without Redis there is no shared budget to check, so each process may admit requests up to
 its own allowance: at most ``requests`` requests, and at most ``nano_usd`` of worst-case
@@ -15,7 +16,39 @@ from __future__ import annotations
 
 import logging
 
+from redis import exceptions as redis_errors
+
+from billing.meter import AdmissionRefused
+
 logger = logging.getLogger(__name__)
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Redis refused, dropped or never completed the connection, as opposed to being slow
+    or saturated.
+
+    Only then may the local allowance admit: after a read timeout the script may have
+    run. A connect timeout sent nothing.
+    """
+    if isinstance(exc, redis_errors.TimeoutError):
+        return str(exc).startswith("Timeout connecting")
+    return True  # refused or dropped, or (a cluster) a slot being moved: the script did not run
+
+
+#: A cluster moving the slot of a call's keys (a resharding, a failover under way): the
+#: script did not run. Admission treats it as an outage of that shard, with its
+#: allowance, for as long as it lasts; a settlement is spooled.
+SLOT_MOVING = (redis_errors.TryAgainError, redis_errors.ClusterDownError)
+
+
+def billing_unavailable() -> AdmissionRefused:
+    return AdmissionRefused(
+        "billing is temporarily unavailable; retry shortly",
+        code="billing_unavailable",
+        retry_after_s=1,
+        headers={"retry-after": "1"},
+        status_code=503,
+    )
 
 
 class LocalAllowance:

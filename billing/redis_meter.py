@@ -34,7 +34,7 @@ from billing.headers import ratelimit_headers
 from billing.keyspace import Keyspace
 from billing.lua import ADMIT, RENEW
 from billing.meter import Admission, AdmissionRefused, AdmissionRequest, UsageReport
-from billing.outage import LocalAllowance
+from billing.outage import SLOT_MOVING, LocalAllowance, billing_unavailable, unreachable
 from billing.periods import period_of
 from billing.pricing import PriceBook, PriceBookError, pricebook_from_path, worst_case_charge
 from billing.redis_client import AsyncClient, async_client, parse_redis_url
@@ -50,34 +50,6 @@ logger = logging.getLogger(__name__)
 
 ADMIT_SCRIPT = Script(ADMIT)
 RENEW_SCRIPT = Script(RENEW)
-
-
-def _unreachable(exc: BaseException) -> bool:
-    """Redis refused, dropped or never completed the connection, as opposed to being slow
-    or saturated.
-
-    Only then may the local allowance admit: after a read timeout the script may have
-    run. A connect timeout sent nothing.
-    """
-    if isinstance(exc, redis_errors.TimeoutError):
-        return str(exc).startswith("Timeout connecting")
-    return True  # refused or dropped, or (a cluster) a slot being moved: the script did not run
-
-
-#: A cluster moving the slot of a call's keys (a resharding, a failover under way): the
-#: script did not run. Admission treats it as an outage of that shard, with its
-#: allowance, for as long as it lasts; a settlement is spooled.
-SLOT_MOVING = (redis_errors.TryAgainError, redis_errors.ClusterDownError)
-
-
-def billing_unavailable() -> AdmissionRefused:
-    return AdmissionRefused(
-        "billing is temporarily unavailable; retry shortly",
-        code="billing_unavailable",
-        retry_after_s=1,
-        headers={"retry-after": "1"},
-        status_code=503,
-    )
 
 
 def _log_settle_failure(record: Record, failure: BaseException) -> None:
@@ -249,6 +221,8 @@ class RedisMeter:
             raise billing_unavailable() from exc
         self._answered(request.org_id)
         status = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
+        if status != "ok":  # nothing is admitted ahead until an admission says there is room
+            self.ahead.admitted(request, left_requests=0, left_tokens=0, left_budget=0)
         headers = ratelimit_headers(
             rpm=plan.rpm,
             tpm=plan.tpm,
@@ -331,7 +305,7 @@ class RedisMeter:
         self, request: AdmissionRequest, worst_nano: int, exc: BaseException
     ) -> Admission:
         """Redis did not answer: refuse, or admit on this process's outage allowance."""
-        if self.settings.admission_when_redis_down == "local_allowance" and _unreachable(exc):
+        if self.settings.admission_when_redis_down == "local_allowance" and unreachable(exc):
             self._down_shards.add(self._shard(request.org_id))
             if self.local_allowance.take(request.request_id, worst_nano):
                 return Admission(request=request, reserved_nano_usd=worst_nano)

@@ -100,7 +100,9 @@ async def test_busy_key_takes_admissions_made_ahead_and_settles_them(
     org_id = org()
 
     def request() -> AdmissionRequest:
-        return admission_request(org=org_id, plan="pro", prompt=100, max_output=50)
+        return admission_request(
+            org=org_id, key=f"key-{org_id}", plan="pro", prompt=100, max_output=50
+        )
 
     admission = await until_pooled(meter, request)
     # Its own reservation, sized for the shape's largest request (100 -> 104 prompt
@@ -168,7 +170,9 @@ async def test_admissions_made_ahead_never_overrun_the_budget(make_meter: MeterF
     worst = 10 * 3000 + 10 * 15000  # "tiny": $0.05, 277 of these
     admitted = ahead = 0
     for _ in range(1000):  # 277 fit
-        request = admission_request(org=org_id, plan="tiny", prompt=10, max_output=10)
+        request = admission_request(
+            org=org_id, key=f"key-{org_id}", plan="tiny", prompt=10, max_output=10
+        )
         try:
             admission, was_ahead = await admit(meter, request)
         except AdmissionRefused as refused:
@@ -198,7 +202,7 @@ async def test_a_suspension_reaches_a_busy_key_once_what_was_made_ahead_is_used(
     org_id = org()
 
     def request() -> AdmissionRequest:
-        return admission_request(org=org_id, plan="pro", prompt=10)
+        return admission_request(org=org_id, key=f"key-{org_id}", plan="pro", prompt=10)
 
     await until_pooled(meter, request)
     await meter.redis.set(meter.keys.suspended_org(org_id), "evt_ahead")
@@ -223,14 +227,17 @@ async def test_quiet_keys_and_keys_near_their_limits_are_admitted_one_at_a_time(
     make_meter: MeterFactory,
 ) -> None:
     meter = make_meter(admission_ahead_batch=16)
-    quiet = [admission_request(org=org(), plan="pro") for _ in range(HOT_ARRIVALS - 1)]
-    for request in quiet:
+    for _ in range(HOT_ARRIVALS):  # as many keys, a request each: none of them busy
+        quiet_org = org()
+        request = admission_request(org=quiet_org, key=f"key-{quiet_org}", plan="pro")
         assert meter.admit_ready(request) is None
         await meter.admit(request)
     # "free": 20 requests a minute, never room for even two admissions made ahead.
     org_id = org()
     for _ in range(15):
-        request = admission_request(org=org_id, plan="free", prompt=10, max_output=10)
+        request = admission_request(
+            org=org_id, key=f"key-{org_id}", plan="free", prompt=10, max_output=10
+        )
         assert meter.admit_ready(request) is None
         admission = await meter.admit(request)
         await asyncio.sleep(0.01)
@@ -243,7 +250,7 @@ async def test_off_when_the_batch_is_zero(make_meter: MeterFactory) -> None:
     meter = make_meter(admission_ahead_batch=0)
     org_id = org()
     for _ in range(3 * HOT_ARRIVALS):
-        request = admission_request(org=org_id, plan="pro")
+        request = admission_request(org=org_id, key=f"key-{org_id}", plan="pro")
         assert meter.admit_ready(request) is None
         admission = await meter.admit(request)
         await asyncio.sleep(0.01)
@@ -267,7 +274,9 @@ async def test_what_waits_is_a_share_of_what_the_key_and_the_org_have_left(
             prompt: int, org_id: str = org_id, plan: str = plan, periods: set[str] = periods
         ) -> None:
             for _ in range(2 * HOT_ARRIVALS):
-                request = admission_request(org=org_id, plan=plan, prompt=prompt, max_output=10)
+                request = admission_request(
+                    org=org_id, key=f"key-{org_id}", plan=plan, prompt=prompt, max_output=10
+                )
                 admission, _ = await admit(meter, request)
                 periods.add(period_of(admission))
                 await meter.settle(admission, usage_for(request, completion=10))
@@ -303,7 +312,7 @@ async def test_a_batch_whose_reply_is_lost_is_given_back(make_meter: MeterFactor
     meter.ahead._scripts = SimpleNamespace(call=reply_lost)  # type: ignore[assignment]
     org_id = org()
     for _ in range(3 * HOT_ARRIVALS):
-        request = admission_request(org=org_id, plan="pro", prompt=10)
+        request = admission_request(org=org_id, key=f"key-{org_id}", plan="pro", prompt=10)
         admission, was_ahead = await admit(meter, request)
         assert not was_ahead
         await meter.settle(admission, usage_for(request, completion=1))
@@ -332,7 +341,7 @@ async def test_settled_while_redis_is_down_it_releases_its_own_reservation_on_re
     org_id = org()
     try:
         admission = await until_pooled(
-            meter, lambda: admission_request(org=org_id, plan="pro", prompt=10)
+            meter, lambda: admission_request(org=org_id, key=f"key-{org_id}", plan="pro", prompt=10)
         )
         period = period_of(admission)
         member = str(admission.reservation_id).split("/")[1]
