@@ -22,7 +22,8 @@ What this changes, and its bounds:
   charge refunded), so a suspension, or a budget spent by the org's other keys, reaches
   a busy key's requests up to ``lifetime_s`` late. The budget is never overrun by it:
   the money of every admission made ahead is reserved when it is made. Nor does one
-  outlive a change of price or promotion (its reservation was priced before it).
+  outlive a change of price or promotion (its reservation was priced before it), or its
+  month (its money is reserved in that month's budget).
 - Only keys and orgs far from their limits get them. In one gateway process, what a key
   has waiting (asked for or made, over all its shapes) is at most
   ``1 / SHARE_OF_WHAT_IS_LEFT`` of the requests and tokens per minute its last admission
