@@ -56,7 +56,7 @@ from typing import Any, NamedTuple
 from billing import metrics
 from billing.batching import Script, ScriptBatcher
 from billing.cluster import ClusterScripts
-from billing.headers import ratelimit_headers
+from billing.headers import admission_headers
 from billing.keyspace import Keyspace
 from billing.lua import ADMIT_AHEAD, RELEASE_AHEAD
 from billing.meter import AdmissionRequest
@@ -85,6 +85,15 @@ def round_up(tokens: int) -> int:
         return tokens
     shift = tokens.bit_length() - 4
     return -(-tokens >> shift) << shift
+
+
+def headroom(
+    left_requests: int, left_tokens: int, left_budget: int, tokens: int, worst: int
+) -> int:
+    """About how many more requests of ``tokens`` and ``worst`` nano-USD fit in what an
+    admission said was left (``Admission.headroom``)."""
+    by_budget = left_budget // worst if worst > 0 else left_requests
+    return min(left_requests, left_tokens // max(1, tokens), by_budget)
 
 
 Shape = tuple[str, str, str, str, str, str | None, int, int]
@@ -202,8 +211,7 @@ class AdmissionsAhead:
         taken = None
         if entries:
             taken = entries.popleft()
-            state.key.add(-1, -(shape[6] + shape[7]), 0)
-            state.org.add(-1, 0, -taken.reserved_nano_usd)
+            self._count(shape, state, -1, -taken.reserved_nano_usd)
             self._taken.inc()
         if not state.refilling and state.arrivals >= HOT_ARRIVALS and len(entries) < self.batch:
             self._refill(shape, state)
@@ -213,6 +221,8 @@ class AdmissionsAhead:
         self, request: AdmissionRequest, *, left_requests: int, left_tokens: int, left_budget: int
     ) -> None:
         """A request was admitted one at a time: what its admission said was left."""
+        if not self.batch:
+            return
         state = self._shapes.get(shape_of(request))
         if state is not None:
             state.key.left_requests, state.key.left_tokens = left_requests, left_tokens
@@ -273,9 +283,15 @@ class AdmissionsAhead:
         if count < 2:
             return
         state.refilling = True
-        key.add(count, count * tokens, 0)
-        org.add(count, 0, count * state.worst)
+        self._count(shape, state, count, count * state.worst)
         self._spawn(self._admit_ahead(shape, state, count, state.worst))
+
+    @staticmethod
+    def _count(shape: Shape, state: _ShapeState, count: int, nano: int) -> None:
+        """``count`` more (or fewer) of the shape's admissions waiting, ``nano`` in all:
+        counted for its key (requests, tokens) and its org (money)."""
+        state.key.add(count, count * (shape[6] + shape[7]), 0)
+        state.org.add(count, 0, nano)
 
     def _price(self, shape: Shape, at: datetime) -> int:
         return worst_case_charge(
@@ -318,17 +334,9 @@ class AdmissionsAhead:
             # Counted from before the call: a slow reply does not stretch the lifetime.
             expires = time.monotonic() + lifetime_s
             worst = state.worst = self._price(shape, made_at)
-            budget = f"{self._keys.budget_prefix(org_id)}{period}"
             replies = await self._scripts.call(
                 ADMIT_AHEAD_SCRIPT,
-                [
-                    self._keys.ratelimit(org_id, key_id),
-                    self._keys.suspended_org(org_id),
-                    self._keys.suspended_customer(org_id, customer_id or ""),
-                    budget,
-                    f"{budget}:resv",
-                    f"{budget}:resv-amount",
-                ],
+                self._keys.admission_keys(org_id, key_id, customer_id, period),
                 [
                     plan.rpm,
                     plan.tpm,
@@ -349,20 +357,9 @@ class AdmissionsAhead:
                 left_budget = int(reply[6])
                 key.left_requests, key.left_tokens = left_requests, left_tokens
                 org.left_budget = left_budget
-                headers = ratelimit_headers(
-                    rpm=plan.rpm,
-                    tpm=plan.tpm,
-                    remaining_requests=left_requests,
-                    reset_requests_us=int(reply[2]),
-                    remaining_tokens=left_tokens,
-                    reset_tokens_us=int(reply[4]),
-                )
-                headroom = min(
-                    left_requests,
-                    left_tokens // (prompt + output or 1),
-                    left_budget // worst if worst > 0 else left_requests,
-                )
-                made.append(Ahead(member, period, headers, worst, headroom, expires))
+                headers = admission_headers(reply, rpm=plan.rpm, tpm=plan.tpm)
+                room = headroom(left_requests, left_tokens, left_budget, prompt + output, worst)
+                made.append(Ahead(member, period, headers, worst, room, expires))
         except asyncio.CancelledError:  # the script may have run: given back, if it can be
             self._spawn(self._release(shape, period, members))
             raise
@@ -377,9 +374,9 @@ class AdmissionsAhead:
             if not isinstance(exc, PriceBookError):
                 self._spawn(self._release(shape, period, members, again_after_s=1.0))
         finally:
-            unmade = count - len(made)
-            key.add(-unmade, -unmade * (prompt + output), 0)
-            org.add(-unmade, 0, len(made) * state.worst - count * asked_worst)
+            self._count(
+                shape, state, len(made) - count, len(made) * state.worst - count * asked_worst
+            )
             state.refilling = False
         if self._closed:  # made while closing: given back at once
             self._spawn(self._release(shape, period, [entry.member for entry in made]))
@@ -407,8 +404,7 @@ class AdmissionsAhead:
         while state.entries and state.entries[0].expires <= now:
             stale.append(state.entries.popleft())
         if stale:
-            state.key.add(-len(stale), -len(stale) * (shape[6] + shape[7]), 0)
-            state.org.add(-len(stale), 0, -sum(entry.reserved_nano_usd for entry in stale))
+            self._count(shape, state, -len(stale), -sum(entry.reserved_nano_usd for entry in stale))
             for period in {entry.period for entry in stale}:
                 members = [entry.member for entry in stale if entry.period == period]
                 self._spawn(self._release(shape, period, members))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 
 def format_reset(microseconds: int) -> str:
     """OpenAI writes resets like ``20ms``, ``1s``, ``6m0s``."""
@@ -30,3 +33,16 @@ def ratelimit_headers(
         "x-ratelimit-reset-requests": format_reset(reset_requests_us),
         "x-ratelimit-reset-tokens": format_reset(reset_tokens_us),
     }
+
+
+def admission_headers(reply: Sequence[Any], *, rpm: int, tpm: int) -> dict[str, str]:
+    """The headers of an admission script's reply (``billing.lua.ADMIT``: the requests
+    and tokens remaining, and their resets in microseconds, at 1 to 4), granted or not."""
+    return ratelimit_headers(
+        rpm=rpm,
+        tpm=tpm,
+        remaining_requests=int(reply[1]),
+        reset_requests_us=int(reply[2]),
+        remaining_tokens=int(reply[3]),
+        reset_tokens_us=int(reply[4]),
+    )

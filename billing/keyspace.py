@@ -46,6 +46,23 @@ class Keyspace:
     def suspended_org(self, org_id: str) -> str:
         return f"cstack:suspended:{self.tag(org_id)}:org:{org_id}"
 
+    def admission_keys(
+        self, org_id: str, key_id: str, customer_id: str | None, period: str
+    ) -> list[str]:
+        """The keys of the admission script (``billing.lua.ADMIT``), in its order: the
+        key's rate limit, the org's and the customer's suspension flags, and the org's
+        budget of ``period`` with its reservations' expiries and amounts."""
+        budget = f"{self.budget_prefix(org_id)}{period}"
+        return [
+            self.ratelimit(org_id, key_id),
+            self.suspended_org(org_id),
+            # No customer: a flag no customer id names, on the org's shard like the others.
+            self.suspended_customer(org_id, customer_id or ""),
+            budget,
+            f"{budget}:resv",
+            f"{budget}:resv-amount",
+        ]
+
     def suspended_customer(self, org_id: str, customer_id: str) -> str:
         """The flag admission reads for ``org_id``'s customer: on the org's shard."""
         return f"cstack:suspended:{self.tag(org_id)}:customer:{customer_id}"

@@ -26,11 +26,11 @@ from typing import Any, cast
 from redis import exceptions as redis_errors
 
 from billing import metrics
-from billing.ahead import ADMIT_AHEAD_SCRIPT, RELEASE_AHEAD_SCRIPT, AdmissionsAhead
+from billing.ahead import ADMIT_AHEAD_SCRIPT, RELEASE_AHEAD_SCRIPT, AdmissionsAhead, headroom
 from billing.batching import Script, ScriptBatcher
 from billing.cluster import ClusterScripts
 from billing.events import usage_event_fields, usage_event_json
-from billing.headers import ratelimit_headers
+from billing.headers import admission_headers
 from billing.keyspace import Keyspace
 from billing.lua import ADMIT, RENEW
 from billing.meter import Admission, AdmissionRefused, AdmissionRequest, UsageReport
@@ -182,22 +182,14 @@ class RedisMeter:
             max_output_tokens=request.max_output_tokens,
             at=datetime.now(UTC),
         )
-        # No customer: a flag no customer id names, on the org's shard like the others.
-        customer_key = self.keys.suspended_customer(request.org_id, request.customer_id or "")
         tokens = request.prompt_tokens + request.max_output_tokens
         try:
             for _ in range(2):  # again, in Redis's period, if the two clocks' months differ
-                budget = f"{self.keys.budget_prefix(request.org_id)}{self._period}"
                 reply = await self._scripts.call(
                     ADMIT_SCRIPT,
-                    [
-                        self.keys.ratelimit(request.org_id, request.key_id),
-                        self.keys.suspended_org(request.org_id),
-                        customer_key,
-                        budget,
-                        f"{budget}:resv",
-                        f"{budget}:resv-amount",
-                    ],
+                    self.keys.admission_keys(
+                        request.org_id, request.key_id, request.customer_id, self._period
+                    ),
                     [
                         plan.rpm,
                         plan.tpm,
@@ -223,14 +215,7 @@ class RedisMeter:
         status = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
         if status != "ok":  # nothing is admitted ahead until an admission says there is room
             self.ahead.admitted(request, left_requests=0, left_tokens=0, left_budget=0)
-        headers = ratelimit_headers(
-            rpm=plan.rpm,
-            tpm=plan.tpm,
-            remaining_requests=int(reply[1]),
-            reset_requests_us=int(reply[2]),
-            remaining_tokens=int(reply[3]),
-            reset_tokens_us=int(reply[4]),
-        )
+        headers = admission_headers(reply, rpm=plan.rpm, tpm=plan.tpm)
         if status == "suspended":
             raise AdmissionRefused(
                 "this organization is suspended for an unpaid invoice; update the payment "
@@ -272,23 +257,16 @@ class RedisMeter:
             request.max_duration_s,
         )
         worst_nano = worst.allowance_consumed_nano
-        headroom = min(
-            int(reply[1]),
-            int(reply[3]) // max(1, tokens),
-            int(reply[6]) // worst_nano if worst_nano > 0 else int(reply[1]),
-        )
+        left_requests, left_tokens, left_budget = int(reply[1]), int(reply[3]), int(reply[6])
         self.ahead.admitted(
-            request,
-            left_requests=int(reply[1]),
-            left_tokens=int(reply[3]),
-            left_budget=int(reply[6]),
+            request, left_requests=left_requests, left_tokens=left_tokens, left_budget=left_budget
         )
         return Admission(
             request=request,
             headers=headers,
             reserved_nano_usd=worst_nano,
             reservation_id=reservation_id,
-            headroom=headroom,
+            headroom=headroom(left_requests, left_tokens, left_budget, tokens, worst_nano),
         )
 
     def _shard(self, org_id: str) -> str:
