@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from redis.asyncio import Redis
 
 from billing.keyspace import Keyspace
 from billing.meter import AdmissionRequest, UsageReport
 from billing.settings import DEFAULT_PRICEBOOK_PATH, BillingSettings
+from gateway.keys import ApiKey, KeyStore
 from serving.tiers import Tier
 
 REPO = Path(__file__).resolve().parents[2]
@@ -240,3 +242,15 @@ def usage_entries(client: Any, settings: BillingSettings) -> list[tuple[bytes, d
 def usage_backlog(client: Any, settings: BillingSettings) -> int:
     """Entries in all of ``settings``' usage streams."""
     return sum(client.xlen(stream) for stream in keyspace(settings).usage_streams())
+
+
+async def create_org_key(redis_url: str, org: str, plan: str) -> tuple[str, ApiKey]:
+    """A new org on ``plan`` and a key of it, in the key store at ``redis_url``:
+    ``(plaintext, record)``."""
+    client = Redis.from_url(redis_url)
+    try:
+        store = KeyStore(client, plan)
+        await store.create_org(org, plan=plan)
+        return await store.create_key(org, plan=plan)
+    finally:
+        await client.aclose()

@@ -26,14 +26,13 @@ from typing import Any
 import httpx
 import pytest
 import redis
-from billing_support import keyspace, usage_entries, wait_for
+from billing_support import create_org_key, keyspace, usage_entries, wait_for
 from gateway_processes import gateway_processes
 from redis.asyncio import Redis
 from usage_upstream import SLOW_SEED
 
 from billing.pricing import load_pricebook, worst_case_charge
 from billing.settings import BillingSettings
-from gateway.keys import KeyStore
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 TTL_S = 5
@@ -143,11 +142,7 @@ async def send(
 async def test_mixed_shapes_from_two_gateways_stay_within_one_worst_case_of_the_budget(
     gateways: list[str], billing_settings: BillingSettings
 ) -> None:
-    store_redis = Redis.from_url(billing_settings.redis_url)
-    store = KeyStore(store_redis, "tiny")
-    await store.create_org(ORG, plan="tiny")
-    token, _ = await store.create_key(ORG, plan="tiny")
-    await store_redis.aclose()
+    token, _ = await create_org_key(billing_settings.redis_url, ORG, "tiny")
     limits = httpx.Limits(max_connections=400)
     counter = iter(range(1000))
 

@@ -20,9 +20,8 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
-from billing_support import port_open, settings_env, wait_for, write_test_book
+from billing_support import create_org_key, port_open, settings_env, wait_for, write_test_book
 from openai import OpenAI
-from redis.asyncio import Redis
 from sqlalchemy import select
 
 from billing.consumer import UsageStreamConsumer
@@ -30,7 +29,6 @@ from billing.invoice import invoice_preview
 from billing.ledger import UsageRow, make_engine, migrate
 from billing.pricing import load_pricebook
 from billing.settings import BillingSettings
-from gateway.keys import KeyStore
 from serving.process import ManagedProcess, free_port
 from serving.tiny import build_tiny_checkpoint
 from tests.conftest import cstack_command
@@ -125,17 +123,8 @@ def billing_settings(billing_settings: BillingSettings, tmp_path: Path) -> Billi
 
 
 def _api_key(redis_url: str) -> str:
-    async def create() -> str:
-        client = Redis.from_url(redis_url)
-        try:
-            store = KeyStore(client, "c")
-            await store.create_org("org-cached", plan="c")
-            token, _ = await store.create_key("org-cached", plan="c")
-            return token
-        finally:
-            await client.aclose()  # type: ignore[attr-defined]
-
-    return asyncio.run(create())
+    token, _ = asyncio.run(create_org_key(redis_url, "org-cached", "c"))
+    return token
 
 
 def test_cached_input_tokens_are_reported_metered_and_invoiced(

@@ -17,13 +17,11 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
-from billing_support import keyspace, usage_entries
+from billing_support import create_org_key, keyspace, usage_entries
 from gateway_processes import gateway_processes
 from openai import AsyncOpenAI
-from redis.asyncio import Redis
 
 from billing.settings import BillingSettings
-from gateway.keys import KeyStore
 from serving.process import free_port
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -41,11 +39,7 @@ def taken_ahead(metrics_port: int) -> float:
 async def test_a_busy_key_is_admitted_ahead_and_billed_exactly(
     billing_settings: BillingSettings, usage_upstream: str, tmp_path: Path
 ) -> None:
-    store_redis = Redis.from_url(billing_settings.redis_url)
-    store = KeyStore(store_redis, "metered")
-    await store.create_org(ORG, plan="metered")
-    token, _ = await store.create_key(ORG, plan="metered")
-    await store_redis.aclose()
+    token, _ = await create_org_key(billing_settings.redis_url, ORG, "metered")
 
     values = {**billing_settings.model_dump(), "redis_timeout_s": 15, "engine_admission": False}
     metrics_ports = [free_port(), free_port()]

@@ -12,15 +12,13 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
-from billing_support import keyspace, usage_entries
+from billing_support import create_org_key, keyspace, usage_entries
 from gateway_processes import gateway_processes
-from redis.asyncio import Redis
 
 from billing.consumer import UsageStreamConsumer
 from billing.ledger import make_engine, migrate
 from billing.pricing import load_pricebook
 from billing.settings import BillingSettings
-from gateway.keys import KeyStore
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="session")]
 MAX_TOKENS = 8
@@ -41,11 +39,7 @@ def gateways(
 async def test_two_gateways_200_concurrent_requests_stay_within_budget(
     gateways: list[str], billing_settings: BillingSettings
 ) -> None:
-    store_redis = Redis.from_url(billing_settings.redis_url)
-    store = KeyStore(store_redis, "pico")
-    await store.create_org("org-gw-race", plan="pico")
-    token, key = await store.create_key("org-gw-race", plan="pico")
-    await store_redis.aclose()
+    token, key = await create_org_key(billing_settings.redis_url, "org-gw-race", "pico")
 
     async def one(client: httpx.AsyncClient, n: int) -> httpx.Response:
         return await client.post(

@@ -15,16 +15,14 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
-from billing_support import port_open, usage_backlog, wait_for
+from billing_support import create_org_key, port_open, usage_backlog, wait_for
 from gateway_processes import gateway_processes
 from prometheus_client.parser import text_string_to_metric_families
-from redis.asyncio import Redis
 from sqlalchemy import select
 
 from billing.consumer import UsageStreamConsumer
 from billing.ledger import UsageRow, make_engine, migrate
 from billing.settings import BillingSettings
-from gateway.keys import KeyStore
 from serving.process import free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="session")]
@@ -68,11 +66,7 @@ def wait_until(predicate: Callable[[], bool], what: str) -> None:
 async def test_hanging_up_on_a_non_streaming_request_bills_its_tokens_in_the_ledger(
     billing_settings: BillingSettings, vllm_url: str, stalling_vllm: str, tmp_path: Path
 ) -> None:
-    store_redis = Redis.from_url(billing_settings.redis_url)
-    store = KeyStore(store_redis, "metered")
-    await store.create_org("org-hangup", plan="metered")
-    token, _ = await store.create_key("org-hangup", plan="metered")
-    await store_redis.aclose()
+    token, _ = await create_org_key(billing_settings.redis_url, "org-hangup", "metered")
     values = billing_settings.model_dump()
     with gateway_processes(values, stalling_vllm, tmp_path, count=1) as (gateway,):
         idle = lambda: vllm_counter(vllm_url, "vllm:num_requests_running") == 0  # noqa: E731

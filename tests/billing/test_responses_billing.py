@@ -13,16 +13,14 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
-from billing_support import usage_entries
+from billing_support import create_org_key, usage_entries
 from gateway_processes import gateway_processes
 from openai import OpenAI
-from redis.asyncio import Redis
 
 from billing.consumer import UsageStreamConsumer
 from billing.ledger import make_engine, migrate
 from billing.pricing import load_pricebook
 from billing.settings import BillingSettings
-from gateway.keys import KeyStore
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="session")]
 
@@ -36,10 +34,7 @@ def gateway_url(billing_settings: BillingSettings, vllm_url: str, tmp_path: Path
 async def test_responses_are_metered_into_the_ledger_and_usage(
     gateway_url: str, billing_settings: BillingSettings
 ) -> None:
-    store_redis = Redis.from_url(billing_settings.redis_url)
-    await KeyStore(store_redis, "metered").create_org("org-responses", plan="metered")
-    token, _ = await KeyStore(store_redis, "metered").create_key("org-responses", plan="metered")
-    await store_redis.aclose()
+    token, _ = await create_org_key(billing_settings.redis_url, "org-responses", "metered")
     client = OpenAI(base_url=f"{gateway_url}/v1", api_key=token, max_retries=0)
 
     created = client.responses.create(
