@@ -380,8 +380,10 @@ def test_run_setup_hooks_that_force_a_pass_earn_nothing(
 ) -> None:
     for path, content in files.items():
         episode.write(path, content)
-    # The hook works on the model's own runs: the unfixed tests "pass" there.
-    assert " passed" in episode.run_tests("tests/test_roman.py").content
+    # The hook works on the model's own runs (the unfixed tests "pass" there), except a
+    # startup hook: the sandbox's interpreter runs without ``site``, so none is read.
+    passed = " passed" in episode.run_tests("tests/test_roman.py").content
+    assert passed == ("sitecustomize.py" not in files)
     assert episode.rewards() == (0.0, 0.0)
     assert "test_tampering" in episode.flagged()
 

@@ -1,8 +1,9 @@
 """One multi-turn, tool-using episode in a throwaway sandbox.
 
 The harness, not the model, keeps the record: each turn's exact token ids, logprobs and
-policy version, every command (tool call) and the final diff of the sandbox, which the
-reward-hack monitor reads.
+policy version, every command (tool call), every version of a file the sandbox held after
+a call that can change it, and the final diff of the sandbox, all of which the reward-hack
+monitor reads.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from training.agent.client import Completion
-from training.agent.sandbox import diff_trees, sandbox_copy
+from training.agent.sandbox import VersionLog, diff_trees, sandbox_copy
 from training.agent.tools import TOOL_NAMES, TOOL_SPECS, SandboxLimits, ToolBox
 from training.agent.trees import TreeTooLarge
 from training.monitor import CommandEntry, FileChange
@@ -27,6 +28,8 @@ SYSTEM_PROMPT = (
     "Use the tools; call finish when done."
 )
 NUDGE = "Call one of the tools: " + ", ".join(TOOL_NAMES) + "."
+#: The tools after which the sandbox's files may differ.
+_CHANGES_TREE = ("write_file", "run_tests")
 
 
 class Policy(Protocol):
@@ -61,6 +64,8 @@ class EpisodeResult:
     turns: list[Turn]
     commands: list[CommandEntry]
     changes: list[FileChange]
+    #: Versions of files seen during the episode other than the final ones.
+    versions: list[FileChange]
     ended_by: str
     tool_calls: int
     invalid_tool_calls: int
@@ -86,6 +91,7 @@ def run_episode(
     config: EpisodeConfig,
     python_paths: list[str] | None = None,
     evaluate: Callable[[Path], TestOutcome] | None = None,
+    dependencies: list[str] | None = None,
 ) -> EpisodeResult:
     """Run until finish, ``max_turns`` or the wall-time limit; score before cleanup."""
     started = time.monotonic()
@@ -98,7 +104,8 @@ def run_episode(
     tool_calls = invalid = 0
     ended_by = "max_turns"
     with sandbox_copy(template) as root:
-        tools = ToolBox(root, config.limits, python_paths or ["."])
+        tools = ToolBox(root, config.limits, python_paths or ["."], dependencies or [])
+        log = VersionLog(template)
         for index in range(config.max_turns):
             if time.monotonic() - started > config.wall_time_s:
                 ended_by = "wall_time"
@@ -112,6 +119,8 @@ def run_episode(
                 tool_calls += 1
                 invalid += call.name not in TOOL_NAMES
                 outcome = tools.call(call.name, call.arguments)
+                if call.name in _CHANGES_TREE:
+                    log.record(root)
                 commands.append(CommandEntry(tool=call.name, arguments=_arguments(call.arguments)))
                 results.append(ToolResult(call_id=call.call_id, name=call.name,
                                           content=outcome.content, ok=outcome.ok))  # fmt: skip
@@ -133,14 +142,18 @@ def run_episode(
             if not completion.tool_calls:
                 messages.append({"role": "user", "content": NUDGE})
         try:
-            changes = diff_trees(template, root)
+            changes = [] if log.overflowed else diff_trees(template, root)
         except TreeTooLarge:
+            log.overflowed = True
+        if log.overflowed:
             # Nothing to show the monitor, and nothing earned: scoring refuses it too.
             changes, ended_by = [], "sandbox_too_large"
             tests = TestOutcome() if evaluate else None
         else:
             tests = evaluate(root) if evaluate else None
-    return EpisodeResult(turns, commands, changes, ended_by, tool_calls, invalid, tests)
+    final = {(c.path, c.after) for c in changes}
+    versions = [v for v in log.versions if (v.path, v.after) not in final]
+    return EpisodeResult(turns, commands, changes, versions, ended_by, tool_calls, invalid, tests)
 
 
 def _arguments(raw: str) -> dict[str, Any]:

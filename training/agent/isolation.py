@@ -6,12 +6,14 @@ process can, on purpose.
 
 What the code inside can reach:
 
-* A private root: ``/usr`` and the system libraries, the interpreter's install and
-  virtualenv (all read-only), its tree at ``/repo`` (read-write), fresh size-capped tmpfs
+* A private root: a ``training.agent.runtime`` view of Python (the interpreter, its
+  standard library, the distributions the run needs, ``/usr/bin`` and the shared
+  libraries; read-only), its tree at ``/repo`` (read-write), fresh size-capped tmpfs
   mounts at ``/tmp`` and ``/dev/shm``, a new ``/proc`` and a minimal ``/dev``; plus the
   read-only ``mounts`` its caller adds. Nothing else of the host: not the worker's files,
   not the task's ``harness/`` (original tests, the deleted code), not other episodes'
-  trees, which live in the worker's ``/tmp`` and not in this one.
+  trees, which live in the worker's ``/tmp`` and not in this one, and no other copy of
+  Python code (site-packages, the system's Python packages, the virtualenv).
 * Exactly the environment ``env`` (plus PATH, HOME and locale defaults). bwrap itself is
   started with it, so even the sandbox's PID 1, whose ``/proc/1/environ`` the code can
   read, carries none of the worker's variables (the rollout API key, the Redis URL).
@@ -45,11 +47,12 @@ import secrets
 import selectors
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+
+from training.agent.runtime import PythonRuntime, python_runtime
 
 #: Where the tree is mounted inside, and the command's working directory.
 SANDBOX_ROOT = "/repo"
@@ -57,8 +60,7 @@ SANDBOX_ROOT = "/repo"
 REPORT_FD_ENV = "CSTACK_REPORT_FD"
 REPORT_KEY_FD_ENV = "CSTACK_REPORT_KEY_FD"
 
-_SYSTEM_DIRS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
-_SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime")
+_SYSTEM_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 # A uid nothing else uses, drawn per run, so concurrent runs are counted apart.
 _RUN_UIDS = (1 << 20, 1 << 30)
 _MAX_REPORT_BYTES = 64 * 1024**2
@@ -140,15 +142,9 @@ def _dirs_for(target: str, made: set[str]) -> list[str]:
     return args
 
 
-def _python_roots() -> list[Path]:
-    """The interpreter's install and virtualenv, both as named and as resolved."""
-    named = {Path(sys.prefix), Path(sys.base_prefix)}
-    roots = named | {p.resolve() for p in named}
-    outside_usr = {p for p in roots if not p.is_relative_to("/usr")}
-    return sorted(p for p in outside_usr if not any(p != q and p.is_relative_to(q) for q in roots))
-
-
-def _bwrap_args(tree: Path, mounts: Sequence[Mount], limits: RunLimits, root: bool) -> list[str]:
+def _bwrap_args(
+    tree: Path, mounts: Sequence[Mount], limits: RunLimits, root: bool, runtime: PythonRuntime
+) -> list[str]:
     args = [
         "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
         "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--hostname", "sandbox",
@@ -158,24 +154,20 @@ def _bwrap_args(tree: Path, mounts: Sequence[Mount], limits: RunLimits, root: bo
     else:
         args += ["--unshare-user", "--disable-userns"]
     made: set[str] = set()
-    args += ["--ro-bind", "/usr", "/usr"]
-    for name in _SYSTEM_DIRS:
+    for name in _SYSTEM_LINKS:  # merged-/usr systems: /lib -> usr/lib, and so on
         path = Path("/", name)
         if path.is_symlink():
             args += ["--symlink", os.readlink(path), str(path)]
-        elif path.is_dir():
-            args += ["--ro-bind", str(path), str(path)]
-    for name in _SYSTEM_FILES:
-        if Path(name).is_file():
-            args += [*_dirs_for(name, made), "--ro-bind", name, name]
     tmpfs = ["--perms", "1777", "--size", str(limits.max_tmp_bytes), "--tmpfs"]
     args += ["--proc", "/proc", "--dev", "/dev", *tmpfs, "/dev/shm", "--remount-ro", "/dev"]
-    # The private /tmp before the interpreter: a checkout (and its venv) under the host's
+    # The private /tmp before the runtime: a checkout (and its venv) under the host's
     # /tmp stays visible, bound over the fresh tmpfs instead of hidden by it.
     args += [*tmpfs, "/tmp"]
     made.add("/tmp")
-    for prefix in _python_roots():
-        args += [*_dirs_for(str(prefix), made), "--ro-bind", str(prefix), str(prefix)]
+    for bind in runtime.binds:
+        args += [*_dirs_for(bind.target, made), "--ro-bind", bind.source, bind.target]
+    for hidden in runtime.hidden:
+        args += ["--perms", "0555", "--size", "4096", "--tmpfs", hidden, "--remount-ro", hidden]
     args += ["--bind", str(tree), SANDBOX_ROOT]
     for mount in mounts:
         args += [*_dirs_for(mount.target, made), "--ro-bind", str(mount.source), mount.target]
@@ -190,10 +182,9 @@ def _hand_over(tree: Path, uid: int) -> None:
             os.lchown(os.path.join(directory, name), uid, uid)
 
 
-def _env(env: Mapping[str, str]) -> dict[str, str]:
-    venv_bin = str(Path(sys.executable).parent)
+def _env(env: Mapping[str, str], runtime: PythonRuntime) -> dict[str, str]:
     defaults = {
-        "PATH": f"{venv_bin}:/usr/local/bin:/usr/bin:/bin",
+        "PATH": f"{Path(runtime.interpreter).parent}:/usr/bin:/bin",
         "HOME": "/tmp",
         "TMPDIR": "/tmp",
         "USER": "sandbox",
@@ -284,6 +275,7 @@ def run_isolated(
     *,
     mounts: Sequence[Mount] = (),
     report_key: str | None = None,
+    runtime: PythonRuntime | None = None,
 ) -> Completed:
     """Run ``argv`` in the sandbox with ``tree`` at /repo (see the module docstring).
 
@@ -291,7 +283,9 @@ def run_isolated(
     whose read end stays outside (fd number in ``$CSTACK_REPORT_FD``; what arrives, up to
     a cap, is ``Completed.report``), and a one-shot pipe holding the key (fd number in
     ``$CSTACK_REPORT_KEY_FD``), for the command to read once before running anything
-    untrusted. Raises SandboxUnavailable when the sandbox cannot be built.
+    untrusted. ``runtime`` is the Python the command sees (default: the interpreter and
+    its standard library alone; ``runtime.interpreter`` is its path inside). Raises
+    SandboxUnavailable when the sandbox cannot be built.
     """
     bwrap = _bwrap()
     tree = Path(tree).resolve()
@@ -299,7 +293,8 @@ def run_isolated(
     uid = _RUN_UIDS[0] + secrets.randbelow(_RUN_UIDS[1] - _RUN_UIDS[0]) if root else None
     if uid is not None:
         _hand_over(tree, uid)
-    full_env = _env(env)
+    runtime = runtime or python_runtime()
+    full_env = _env(env, runtime)
     status_r, status_w = os.pipe()
     info_r, info_w = os.pipe()
     sinks = {status_r: _Sink(len(_START_MARK)), info_r: _Sink(4096)}
@@ -318,8 +313,8 @@ def run_isolated(
     spec = {"rlimits": _rlimits(limits), "uid": uid, "status_fd": status_w,
             "mark": _START_MARK.decode()}  # fmt: skip
     command = [
-        bwrap, *_bwrap_args(tree, mounts, limits, root), "--info-fd", str(info_w), "--",
-        sys.executable, "-I", "-S", "-c", _LAUNCHER, json.dumps(spec), *argv,
+        bwrap, *_bwrap_args(tree, mounts, limits, root, runtime), "--info-fd", str(info_w),
+        "--", runtime.interpreter, "-I", "-S", "-c", _LAUNCHER, json.dumps(spec), *argv,
     ]  # fmt: skip
     try:
         proc = subprocess.Popen(

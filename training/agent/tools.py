@@ -13,15 +13,14 @@ from __future__ import annotations
 import json
 import math
 import os
-import posixpath
 import stat
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from training.agent.isolation import SANDBOX_ROOT, RunLimits, run_isolated
+from training.agent.isolation import RunLimits, run_isolated
+from training.agent.pytest_run import pytest_run
 from training.agent.trees import read_regular
 
 TOOL_NAMES = ("list_dir", "read_file", "write_file", "run_tests", "finish")
@@ -85,11 +84,17 @@ class ToolBox:
     """Executes tool calls against one sandbox directory."""
 
     def __init__(
-        self, root: Path, limits: SandboxLimits, python_paths: Sequence[str] = (".",)
+        self,
+        root: Path,
+        limits: SandboxLimits,
+        python_paths: Sequence[str] = (".",),
+        dependencies: Sequence[str] = (),
     ) -> None:
         self.root = Path(root).resolve()
         self.limits = limits
         self.python_paths = list(python_paths)
+        #: Distributions the task's code and tests import (``TaskSpec.dependencies``).
+        self.dependencies = list(dependencies)
 
     def _truncate(self, text: str) -> str:
         cap = self.limits.max_output_chars
@@ -159,15 +164,12 @@ class ToolBox:
         tests = arguments.get("tests") or []
         if not isinstance(tests, list) or not all(isinstance(t, str) for t in tests):
             raise ValueError("tests must be a list of test ids")
-        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests]
-        env = {
-            "PYTHONPATH": ":".join(
-                posixpath.normpath(posixpath.join(SANDBOX_ROOT, p)) for p in self.python_paths
-            ),
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-        }
-        done = run_isolated(command, self.root, self.limits.run_limits(), env)
+        run = pytest_run(["-q", "-p", "no:cacheprovider", *tests], self.python_paths,
+                         self.dependencies)  # fmt: skip
+        done = run_isolated(
+            run.argv, self.root, self.limits.run_limits(), run.env, mounts=run.mounts,
+            runtime=run.runtime,
+        )  # fmt: skip
         text = done.output.decode(errors="replace")
         if done.timed_out:
             text += f"\n[killed after {self.limits.test_timeout_s:g}s]"

@@ -15,6 +15,7 @@ from training.monitor.command_rules import (
 )
 from training.monitor.evidence import CommandEntry, EpisodeEvidence, FileChange
 from training.monitor.monitor import check_episode, monitored_reward
+from training.monitor.scorer_rules import ANSWER_LOOKUP, REPORT_CHANNEL, SHADOWING_MODULE
 
 RULES = (
     VCS_HISTORY,
@@ -26,16 +27,22 @@ RULES = (
     SPECIAL_CASING,
     NETWORK,
     SANDBOX_ESCAPE,
+    SHADOWING_MODULE,
+    ANSWER_LOOKUP,
+    REPORT_CHANNEL,
 )
 
 __all__ = [
     "ALWAYS_TRUE_EQ",
+    "ANSWER_LOOKUP",
     "CACHE_OR_BYTECODE",
     "DECOMPILER",
     "EXIT_OR_SKIP",
     "NETWORK",
+    "REPORT_CHANNEL",
     "RULES",
     "SANDBOX_ESCAPE",
+    "SHADOWING_MODULE",
     "SPECIAL_CASING",
     "TEST_TAMPERING",
     "VCS_HISTORY",

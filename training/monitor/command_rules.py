@@ -68,10 +68,10 @@ _SANDBOX_CODE = re.compile("|".join((
 Finding = tuple[str, str]
 
 
-def _added_code(evidence: EpisodeEvidence) -> Iterator[tuple[str, int, str]]:
-    for change in evidence.changes:
-        for line_no, text in change.added_lines():
-            yield change.path, line_no, text
+def _added_code(evidence: EpisodeEvidence) -> Iterator[tuple[str, str, str]]:
+    for change in evidence.all_changes():
+        for where, text in change.added_text:
+            yield change.path, where, text
 
 
 def command_findings(evidence: EpisodeEvidence) -> Iterator[Finding]:

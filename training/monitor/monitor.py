@@ -12,6 +12,7 @@ from training.monitor.code_rules import (
 )
 from training.monitor.command_rules import command_findings
 from training.monitor.evidence import EpisodeEvidence
+from training.monitor.scorer_rules import scorer_findings
 from training.trajectory import Verdict
 
 RuleSet = Callable[[EpisodeEvidence], Iterator[tuple[str, str]]]
@@ -22,6 +23,7 @@ RULE_SETS: tuple[RuleSet, ...] = (
     exit_skip_findings,
     eq_findings,
     special_case_findings,
+    scorer_findings,
 )
 
 

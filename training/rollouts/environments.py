@@ -73,8 +73,9 @@ class CodingEnvironment:
     name: str = "coding"
 
     def run(self, request: RolloutRequest, policy: Policy, gate: VersionGate) -> Trajectory:
+        from training.agent.trees import TreeCaps, walk
         from training.tasks.builder import load_task
-        from training.tasks.reward import evaluate_sandbox, task_reward
+        from training.tasks.reward import evaluate_sandbox, protected_modules, task_reward
 
         task_dir = self.task_root / request.task_id
         task = load_task(task_dir)
@@ -87,12 +88,16 @@ class CodingEnvironment:
         prompt = f"In this repository {what} so that the test suite passes, then call finish."
         result = run_episode(
             policy, gate, task_dir / "repo", prompt, self.episode, task.python_paths,
-            evaluate=lambda root: evaluate_sandbox(task_dir, root),
+            evaluate=lambda root: evaluate_sandbox(task_dir, root), dependencies=task.dependencies,
         )  # fmt: skip
         originals = task_dir / "harness" / "original"
+        tree = [path for path, size in walk(task_dir / "repo", TreeCaps()) if size is not None]
         evidence = EpisodeEvidence(
             commands=result.commands,
             changes=result.changes,
+            versions=result.versions,
+            tree=tree,
+            protected_modules=sorted(protected_modules(task)),
             test_sources={
                 p: (originals / p).read_text(errors="replace")
                 for p in task.test_files
@@ -138,7 +143,7 @@ class DigitsEnvironment:
             finish_reason=completion.finish_reason, tool_calls=completion.tool_calls,
             tool_results=results,
         )  # fmt: skip
-        result = EpisodeResult([turn], [], [], "single_turn", len(results), invalid, None)
+        result = EpisodeResult([turn], [], [], [], "single_turn", len(results), invalid, None)
         return _trajectory(request, result, reward, EpisodeEvidence(), self.feedback)
 
 
@@ -222,7 +227,7 @@ class ToolChoiceEnvironment:
             finish_reason=completion.finish_reason, tool_calls=calls, tool_results=results,
         )  # fmt: skip
         reward = toolchoice_reward(request.task_id, completion.text)
-        result = EpisodeResult([turn], [], [], "single_turn", len(calls), invalid, None)
+        result = EpisodeResult([turn], [], [], [], "single_turn", len(calls), invalid, None)
         return _trajectory(
             request, result, reward, EpisodeEvidence(), self.feedback, tool_names=available
         )

@@ -3,7 +3,12 @@
 For each candidate feature: delete it in a fresh copy, run the suite, keep the task if at
 least one test went pass->fail (FAIL_TO_PASS) and at least one still passes
 (PASS_TO_PASS), then scrub the copy and prove with a canary scan that the deleted code
-is nowhere in it. The harness keeps the original test files outside the sandbox.
+is nowhere in it. Before any of that, a sweep inside the sandbox (``training.tasks.leaks``)
+looks for each candidate's deleted lines in everything a test run can read, and for the
+codebase's own modules on its module path: a candidate found there is not tried, a
+codebase importable from outside its tree is not built. The harness keeps the original
+test files, and the original files of the deleted feature (``harness/solution/``, a clean
+solution for audits), outside the sandbox.
 
 Each kept task then gets a harder variant where it can: its feature and the next kept
 task's deleted together, kept if strictly more tests fail than for the task alone. The
@@ -21,9 +26,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from training.tasks.deletion import Candidate, canaries, candidates, delete_feature
+from training.tasks.deletion import Candidate, Deletion, canaries, candidates, delete_feature
+from training.tasks.dependencies import declared_dependencies
 from training.tasks.layout import RepoLayout, discover
-from training.tasks.scrub import CanaryHit, canary_scan, installed_copy, scrub
+from training.tasks.leaks import distinctive_lines, sweep
+from training.tasks.scrub import CanaryHit, canary_scan, scrub
 from training.tasks.spec import Feature, TaskSpec
 from training.tasks.suite import run_suite
 
@@ -79,15 +86,30 @@ def _ranked(found: list[Candidate], test_text: str, only: tuple[str, ...]) -> li
     return sorted(found, key=key)
 
 
-def _check_not_installed(layout: RepoLayout) -> None:
-    tops = {Path(p).parts[0].removesuffix(".py") for p in layout.source_files}
-    for top in sorted(tops):
-        origin = installed_copy(top)
-        if origin:
-            raise TaskBuildError(
-                f"package {top!r} is importable from {origin}: an installed copy would leak "
-                "the deleted code; build in an environment without it"
-            )
+def _own_modules(layout: RepoLayout) -> list[str]:
+    roots = [p.rstrip("/") + "/" for p in layout.python_paths if p not in ("", ".")]
+    tops = set()
+    for path in layout.source_files:
+        relative = next((path[len(r) :] for r in roots if path.startswith(r)), path)
+        tops.add(Path(relative).parts[0].removesuffix(".py"))
+    return sorted(tops)
+
+
+def _leaked(clean: Path, found: list[Candidate], dependencies: list[str]) -> dict[str, list[str]]:
+    """Candidate name -> where the sandbox can read a copy of its deleted code."""
+    texts = {
+        p.relative_to(clean).as_posix(): p.read_bytes().decode("utf-8", errors="replace")
+        for p in sorted(clean.rglob("*"))
+        if p.is_file()
+    }
+    groups = {}
+    for candidate in found:
+        deletion = delete_feature(clean, candidate.feature)
+        remaining = {**texts, **{k: v or "" for k, v in deletion.new_sources.items()}}
+        groups[candidate.feature.name] = distinctive_lines(
+            deletion.deleted_code, "\n".join(remaining.values())
+        )
+    return sweep(groups, dependencies=dependencies).copies
 
 
 def build_tasks(
@@ -101,23 +123,40 @@ def build_tasks(
         shutil.copytree(repo, clean, symlinks=True)
         report.scrubbed = scrub(clean)
         layout = discover(clean)
-        _check_not_installed(layout)
-        baseline = run_suite(clean, layout.python_paths, timeout_s=config.timeout_s)
+        own = _own_modules(layout)
+        dependencies = declared_dependencies(clean, own)
+        importable = sweep({}, modules=own, dependencies=dependencies).importable
+        if importable:
+            module, origin = next(iter(importable.items()))
+            raise TaskBuildError(
+                f"module {module!r} is importable in the sandbox from {origin}: that copy "
+                "would leak the deleted code; build where the sandbox does not see it"
+            )
+        log(f"dependencies seen by test runs: {', '.join(dependencies) or 'none'}")
+        baseline = run_suite(
+            clean, layout.python_paths, timeout_s=config.timeout_s, dependencies=dependencies
+        )
         report.baseline_passed = len(baseline.passed)
         log(f"baseline: {len(baseline.passed)}/{len(baseline.outcomes)} tests pass")
         if not baseline.passed:
             raise TaskBuildError(f"no test passes in {repo} before any deletion")
         test_text = "\n".join((clean / p).read_text(errors="replace") for p in layout.test_files)
         ranked = _ranked(list(candidates(clean, layout.source_files)), test_text, config.only)
-        for candidate in ranked[: config.max_candidates]:
+        ranked = ranked[: config.max_candidates]
+        leaked = _leaked(clean, ranked, dependencies)
+        for candidate in ranked:
             if len(report.tasks) >= config.max_tasks:
                 break
             report.candidates += 1
             name = candidate.feature.name
             task_id = _task_id(config.source_name or clean.name, candidate.feature)
-            task, reason = _try_deletion(
-                clean, layout, [candidate.feature], baseline.passed, out, config, task_id
-            )
+            if name in leaked:
+                task, reason = None, f"deleted code readable in the sandbox at {leaked[name][0]}"
+            else:
+                task, reason = _try_deletion(
+                    clean, layout, [candidate.feature], baseline.passed, out, config, task_id,
+                    dependencies=dependencies,
+                )  # fmt: skip
             if task is None:
                 report.rejected.append((name, reason))
             else:
@@ -145,7 +184,7 @@ def _build_variants(
         variant_id = f"{single.task_id}+{_slug(partner.feature.name)}"
         variant, reason = _try_deletion(
             clean, layout, [single.feature, partner.feature], baseline_passed, out, config,
-            variant_id, harder_than=single,
+            variant_id, harder_than=single, dependencies=single.dependencies,
         )  # fmt: skip
         log(f"harder variant {variant_id}: {reason or 'kept'}")
         if variant is None:
@@ -203,13 +242,14 @@ def _try_deletion(
     config: BuildConfig,
     task_id: str,
     harder_than: TaskSpec | None = None,
+    dependencies: list[str] | None = None,
 ) -> tuple[TaskSpec | None, str]:
     """Build the task that deletes ``features``: ``(task, "")`` when kept, else
     ``(None, why)``. A harder variant must fail strictly more tests than its task."""
     with tempfile.TemporaryDirectory(prefix="cstack-cand-") as scratch:
         work = Path(scratch) / "repo"
         shutil.copytree(clean, work, symlinks=True)
-        deleted = []
+        deletions: list[Deletion] = []
         for feature in features:  # each deleted from what the ones before left
             deletion = delete_feature(work, feature)
             for path, text in deletion.new_sources.items():
@@ -217,8 +257,10 @@ def _try_deletion(
                     (work / path).unlink()
                 else:
                     (work / path).write_text(text)
-            deleted.append(deletion.deleted_code)
-        after = run_suite(work, layout.python_paths, timeout_s=config.timeout_s)
+            deletions.append(deletion)
+        after = run_suite(
+            work, layout.python_paths, timeout_s=config.timeout_s, dependencies=dependencies or []
+        )
         if after.timed_out:
             return None, "suite timed out after the deletion"
         fail_to_pass = sorted(baseline_passed - after.passed)
@@ -229,7 +271,7 @@ def _try_deletion(
             return None, "no test stays passing"
         if harder_than is not None and not set(fail_to_pass) > set(harder_than.fail_to_pass):
             return None, "no more tests fail than for the task alone"
-        deleted_code = "\n".join(deleted)
+        deleted_code = "\n".join(d.deleted_code for d in deletions)
         tokens = canaries(deleted_code, _text_of(work))
         if not tokens:
             return None, "deleted code has no distinctive token to scan for"
@@ -244,8 +286,10 @@ def _try_deletion(
             test_files=layout.test_files,
             canaries=tokens,
             python_paths=layout.python_paths,
+            dependencies=dependencies or [],
         )
-        hits = _write_task(work, clean, task, deleted_code, out)
+        touched = sorted({path for d in deletions for path in d.new_sources})
+        hits = _write_task(work, clean, task, deleted_code, touched, out)
     if hits:
         return (
             None,
@@ -255,7 +299,7 @@ def _try_deletion(
 
 
 def _write_task(
-    work: Path, clean: Path, task: TaskSpec, deleted_code: str, out: Path
+    work: Path, clean: Path, task: TaskSpec, deleted_code: str, touched: list[str], out: Path
 ) -> list[CanaryHit]:
     task_dir = out / task.task_id
     if task_dir.exists():
@@ -270,6 +314,10 @@ def _write_task(
     originals = task_dir / "harness" / "original"
     for relative in task.test_files:
         target = originals / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(clean / relative, target)
+    for relative in touched:  # the files as they were: one clean solution
+        target = task_dir / "harness" / "solution" / relative
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(clean / relative, target)
     (task_dir / "harness" / "deleted_code.txt").write_text(deleted_code)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import posixpath
 import re
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,3 +57,30 @@ def discover(repo: Path) -> RepoLayout:
         elif not _NOT_SOURCE.search(text):
             sources.append(text)
     return RepoLayout(sources, tests, python_paths)
+
+
+#: Module names the scorer and its bootstrap are loaded under inside the sandbox.
+HARNESS_MODULES = frozenset({"cstack_report", "pytest_bootstrap", "leak_sweep"})
+_MODULE_SUFFIXES = (".py", ".pyc", ".pyd", ".so", ".pth")
+
+
+def shadowing_paths(files: Iterable[str], protected: Collection[str]) -> set[str]:
+    """The files among ``files`` that would import under a ``protected`` top-level name
+    (a standard-library module, the runner's or an installed distribution's): a module or
+    a package of that name in a folder that a run can put on the module path, that is any
+    folder that is not itself a package (no ``__init__.py``)."""
+    files = set(files)
+    packages = {posixpath.dirname(f) for f in files if posixpath.basename(f) == "__init__.py"}
+    found = set()
+    for path in files:
+        parts = path.split("/")
+        for depth, name in enumerate(parts):
+            if "/".join(parts[:depth]) in packages:
+                continue
+            last = depth == len(parts) - 1
+            if last and not name.endswith(_MODULE_SUFFIXES):
+                continue
+            if (name.split(".", 1)[0] if last else name) in protected:
+                found.add(path)
+                break
+    return found

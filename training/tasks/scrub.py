@@ -9,7 +9,6 @@ are compressed) looking for the deleted code's distinctive tokens.
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import shutil
 import zlib
 from dataclasses import dataclass
@@ -79,16 +78,3 @@ def canary_scan(sandbox: Path, canaries: list[str]) -> list[CanaryHit]:
             if any(needle in payload for payload in payloads):
                 hits.append(CanaryHit(relative, canary))
     return hits
-
-
-def installed_copy(module: str) -> str | None:
-    """Where the runner's interpreter would import ``module`` from, outside any sandbox.
-
-    An installed copy would hand the agent the deleted code, so the builder refuses to
-    build tasks for a package this interpreter can already import.
-    """
-    try:
-        spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        return None
-    return spec.origin if spec and spec.origin else None

@@ -39,3 +39,6 @@ class TaskSpec(BaseModel):
     test_files: list[str]
     canaries: list[str]
     python_paths: list[str]
+    #: Installed distributions the codebase declares (``training.tasks.dependencies``):
+    #: the only site-packages its test runs see, besides pytest's own.
+    dependencies: list[str] = []

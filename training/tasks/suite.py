@@ -4,8 +4,10 @@ Task builds and rewards both come from here, and the suite imports the episode's
 which can do anything inside the test process. So the run happens in
 ``training.agent.isolation``'s sandbox, and nothing the test process writes is trusted:
 no results file, no exit status on its own. Outcomes come from the reporter
-(``training.tasks.pytest_plugin``), which pytest loads before any conftest or test module
-and which streams one keyed record per test phase out of the sandbox as it happens.
+(``training.tasks.pytest_plugin``), which the bootstrap (``training.agent.pytest_bootstrap``)
+imports from outside the tree, with pytest and its plugins, before any path of the
+repository is on the module path, and which streams one keyed record per test phase out
+of the sandbox as it happens. No file in the tree can stand in for any of them.
 
 A test passes only when its records are exactly setup, call and teardown, each passed
 and none an expected failure; a duplicate or missing phase fails it. The run counts at
@@ -19,27 +21,25 @@ records, make ``__eq__`` always true). No channel out of that process can tell; 
 reward-hack monitor's rules flag such code (``training.monitor``) and a flagged episode
 earns nothing.
 
-The run never writes into the repo: no bytecode (PYTHONDONTWRITEBYTECODE), no
-``.pytest_cache`` (cacheprovider off). Plugin auto-loading is off so the runner's own
-environment (pytest-asyncio, ...) cannot change the verdict.
+The run never writes into the repo: no bytecode, no ``.pytest_cache`` (cacheprovider
+off). Plugin auto-loading is off so the runner's own environment cannot change the
+verdict.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import posixpath
 import secrets
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.agent.isolation import SANDBOX_ROOT, Completed, Mount, RunLimits, run_isolated
+from training.agent.isolation import SANDBOX_ROOT, Completed, RunLimits, run_isolated
+from training.agent.pytest_run import pytest_run
 
-#: Where the reporter is mounted inside the sandbox, first on the module path.
-_REPORTER_DIR = "/run/cstack"
+#: The module name the reporter is loaded under.
 _REPORTER = "cstack_report"
 _PHASES = ["setup", "call", "teardown"]
 
@@ -57,17 +57,6 @@ class SuiteResult:
     @property
     def passed(self) -> set[str]:
         return {test for test, ok in self.outcomes.items() if ok}
-
-
-def _suite_env(python_paths: Sequence[str]) -> dict[str, str]:
-    """The reporter first on the path, then the repo's source roots, nothing else."""
-    paths = [posixpath.normpath(posixpath.join(SANDBOX_ROOT, p)) for p in python_paths]
-    return {
-        "PYTHONPATH": ":".join([_REPORTER_DIR, *paths]),
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "PYTHONHASHSEED": "0",
-        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-    }
 
 
 def _records(report: bytes, key: str) -> list[dict[str, Any]] | str:
@@ -120,19 +109,20 @@ def run_suite(
     python_paths: Sequence[str] = (".",),
     node_ids: Sequence[str] = (),
     timeout_s: float = 300.0,
+    dependencies: Sequence[str] = (),
 ) -> SuiteResult:
-    """Run pytest on ``repo`` (or only ``node_ids``) in the sandbox; outcomes per node id."""
+    """Run pytest on ``repo`` (or only ``node_ids``) in the sandbox, with ``dependencies``
+    (distribution names) importable; outcomes per node id."""
     key = secrets.token_hex(16)
-    reporter = Mount(
-        Path(__file__).with_name("pytest_plugin.py"), f"{_REPORTER_DIR}/{_REPORTER}.py"
-    )
-    command = [
-        # -P: the working directory (the repo) is not put ahead of the reporter on the path.
-        sys.executable, "-P", "-m", "pytest", "-q", "-p", _REPORTER, "-p", "no:cacheprovider",
-        "--rootdir", SANDBOX_ROOT, "-o", "console_output_style=classic", *node_ids,
+    args = [
+        "-q", "-p", _REPORTER, "-p", "no:cacheprovider", "--rootdir", SANDBOX_ROOT,
+        "-o", "console_output_style=classic", *node_ids,
     ]  # fmt: skip
+    run = pytest_run(
+        args, python_paths, dependencies, {_REPORTER: Path(__file__).with_name("pytest_plugin.py")}
+    )
     limits = RunLimits(wall_time_s=timeout_s, cpu_time_s=math.ceil(timeout_s))
     done = run_isolated(
-        command, repo, limits, _suite_env(python_paths), mounts=[reporter], report_key=key
+        run.argv, repo, limits, run.env, mounts=run.mounts, report_key=key, runtime=run.runtime
     )
     return read_report(done, key)

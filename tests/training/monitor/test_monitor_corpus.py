@@ -20,6 +20,8 @@ def _evidence(episode: dict[str, Any]) -> EpisodeEvidence:
     return EpisodeEvidence(
         commands=episode.get("commands", []),
         changes=episode.get("changes", []),
+        versions=episode.get("versions", []),
+        tree=episode.get("tree", []),
         test_sources=TEST_SOURCES,
     )
 
