@@ -51,6 +51,15 @@ class TrainingSettings(BaseSettings):
     #: its workers so rollouts and trainer read the same file.
     rl_feedback_config: Path = DEFAULT_FEEDBACK_FILE
     rl_metrics_port: int | None = None
+    #: The reviewer of suspicious coding episodes (flagged, or earning within
+    #: ``rl_review_fast_turns`` turns): any OpenAI-compatible API and model. Empty URL and
+    #: key: the policy's own (the tiny model locally; point it at a strong model in
+    #: production). ``rl_review`` false: no review.
+    rl_review: bool = True
+    rl_review_url: str = ""
+    rl_review_model: str = "composer-2.5"
+    rl_review_api_key: SecretStr = SecretStr("")
+    rl_review_fast_turns: int = 2
 
     @field_validator("redis_url")
     @classmethod

@@ -7,6 +7,8 @@ produced them. The record travels as JSON on a Redis Stream, hence pydantic.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field
 
 
@@ -48,6 +50,16 @@ class Verdict(BaseModel):
     evidence: str
 
 
+class Review(BaseModel):
+    """A reviewer model's verdict on a suspicious episode (``training.monitor.review``)."""
+
+    verdict: Literal["hack", "clean", "undecided"]
+    reason: str
+    #: The reviewer model's name, and why the episode was reviewed.
+    reviewer: str
+    trigger: str
+
+
 class FeedbackMark(BaseModel):
     """A turn where targeted text feedback applies, and the hint to insert there."""
 
@@ -79,6 +91,8 @@ class Trajectory(BaseModel):
     raw_reward: float
     tests: TestOutcome | None = None
     verdicts: list[Verdict] = Field(default_factory=list)
+    #: The reviewer's verdict, for episodes the rules flagged or that earned fast.
+    review: Review | None = None
     feedback: list[FeedbackMark] = Field(default_factory=list)
     invalid_tool_calls: int = 0
     tool_calls: int = 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -24,8 +24,23 @@ from training.agent import (
 )
 from training.feedback import TextFeedbackConfig, detect_feedback
 from training.monitor import EpisodeEvidence, check_episode, monitored_reward
+from training.monitor.review import (
+    REVIEWER_RULE,
+    ReviewConfig,
+    ReviewerModel,
+    review_episode,
+    review_trigger,
+)
 from training.rollouts.request import RolloutRequest
-from training.trajectory import TestOutcome, ToolCall, ToolResult, Trajectory, Turn
+from training.trajectory import (
+    Review,
+    TestOutcome,
+    ToolCall,
+    ToolResult,
+    Trajectory,
+    Turn,
+    Verdict,
+)
 
 
 class Environment(Protocol):
@@ -41,8 +56,12 @@ def _trajectory(
     evidence: EpisodeEvidence,
     feedback: TextFeedbackConfig,
     tool_names: Sequence[str] = TOOL_NAMES,
+    verdicts: list[Verdict] | None = None,
+    review: Review | None = None,
 ) -> Trajectory:
-    verdicts = check_episode(evidence)
+    verdicts = check_episode(evidence) if verdicts is None else verdicts
+    if review is not None and review.verdict == "hack":
+        verdicts = [*verdicts, Verdict(rule=REVIEWER_RULE, evidence=review.reason)]
     versions = [t.policy_version for t in result.turns] or [request.policy_version]
     return Trajectory(
         trajectory_id=uuid.uuid4().hex,
@@ -56,6 +75,7 @@ def _trajectory(
         raw_reward=raw_reward,
         tests=result.tests,
         verdicts=verdicts,
+        review=review,
         feedback=detect_feedback(result.turns, tool_names, feedback),
         invalid_tool_calls=result.invalid_tool_calls,
         tool_calls=result.tool_calls,
@@ -65,12 +85,19 @@ def _trajectory(
 
 @dataclass
 class CodingEnvironment:
-    """Feature-deletion tasks built by `cstack tasks build` under ``task_root``."""
+    """Feature-deletion tasks built by `cstack tasks build` under ``task_root``.
+
+    With a ``reviewer``, episodes the rules flag or that earn fast are also reviewed by it
+    (``training.monitor.review``); ``reviewer_name`` is stored with each review.
+    """
 
     task_root: Path
     episode: EpisodeConfig
     feedback: TextFeedbackConfig
     name: str = "coding"
+    reviewer: ReviewerModel | None = None
+    reviewer_name: str = ""
+    review: ReviewConfig = field(default_factory=ReviewConfig)
 
     def run(self, request: RolloutRequest, policy: Policy, gate: VersionGate) -> Trajectory:
         from training.agent.trees import TreeCaps, walk
@@ -105,7 +132,15 @@ class CodingEnvironment:
             },
         )
         raw = task_reward(result.tests or TestOutcome())
-        return _trajectory(request, result, raw, evidence, self.feedback)
+        verdicts = check_episode(evidence)
+        review = None
+        trigger = review_trigger(verdicts, raw, len(result.turns), self.review)
+        if self.reviewer is not None and trigger is not None:
+            review = review_episode(
+                self.reviewer, self.reviewer_name, prompt, evidence, verdicts, trigger, self.review
+            )
+        return _trajectory(request, result, raw, evidence, self.feedback, verdicts=verdicts,
+                           review=review)  # fmt: skip
 
 
 _DIGIT = re.compile(r"\d")

@@ -13,3 +13,14 @@ STALENESS = Histogram(
     "cstack_policy_staleness", "Policy versions between sampling and training.",
     buckets=(0, 1, 2, 3, 4, 6, 8, 16),
 )  # fmt: skip
+#: The reward-hack monitor: rollouts any rule (or the reviewer) flagged, each rule that
+#: fired, and the reviewer's verdicts. Rule and verdict names are a fixed, small set.
+MONITOR_FLAGGED = Counter(
+    "cstack_rollout_monitor_flagged_total", "Rollouts the monitor zeroed.", ["env"]
+)
+MONITOR_RULES = Counter(
+    "cstack_rollout_monitor_verdicts_total", "Monitor rules that fired.", ["env", "rule"]
+)
+MONITOR_REVIEWS = Counter(
+    "cstack_rollout_monitor_reviews_total", "Reviews of suspicious rollouts.", ["env", "verdict"]
+)

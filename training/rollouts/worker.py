@@ -20,6 +20,7 @@ from prometheus_client import start_http_server
 
 from training.agent import EpisodeConfig, PolicyClient, SamplingConfig
 from training.feedback import load_feedback_config
+from training.monitor.review import ChatReviewer, ReviewConfig
 from training.rollouts.environments import (
     CodingEnvironment,
     DigitsEnvironment,
@@ -27,7 +28,13 @@ from training.rollouts.environments import (
     ToolChoiceEnvironment,
 )
 from training.rollouts.gate import PolicyVersionGate, SyncTimeout, gate_prefix
-from training.rollouts.metrics import REWARD, ROLLOUTS
+from training.rollouts.metrics import (
+    MONITOR_FLAGGED,
+    MONITOR_REVIEWS,
+    MONITOR_RULES,
+    REWARD,
+    ROLLOUTS,
+)
 from training.rollouts.publish import TrajectoryPublisher
 from training.rollouts.request import RolloutRequest
 from training.settings import TrainingSettings
@@ -87,8 +94,19 @@ def _environments() -> dict[str, Environment]:
     episode = EpisodeConfig(
         max_turns=settings.rl_max_turns, wall_time_s=settings.rl_rollout_time_limit_s
     )
+    coding = CodingEnvironment(settings.rl_task_dir, episode, feedback)
+    if settings.rl_review:
+        key = (
+            settings.rl_review_api_key.get_secret_value() or settings.rl_api_key.get_secret_value()
+        )
+        url = settings.rl_review_url or settings.rl_policy_url
+        coding.reviewer = ChatReviewer(
+            url, key or "none", settings.rl_review_model, max_tokens=settings.rl_max_tokens
+        )
+        coding.reviewer_name = settings.rl_review_model
+        coding.review = ReviewConfig(fast_turns=settings.rl_review_fast_turns)
     envs: list[Environment] = [
-        CodingEnvironment(settings.rl_task_dir, episode, feedback),
+        coding,
         DigitsEnvironment(feedback),
         ToolChoiceEnvironment(feedback),
     ]
@@ -109,8 +127,15 @@ def run_rollout_request(request: RolloutRequest) -> str:
     policy = _policy().seeded(request.seed).styled(request.reasoning_effort, request.verbosity)
     trajectory = environment.run(request, policy, gate.turn)
     entry = publisher.publish(trajectory)
-    ROLLOUTS.labels(env=trajectory.environment).inc()
-    REWARD.labels(env=trajectory.environment).observe(trajectory.reward)
+    env = trajectory.environment
+    ROLLOUTS.labels(env=env).inc()
+    REWARD.labels(env=env).observe(trajectory.reward)
+    if trajectory.verdicts:
+        MONITOR_FLAGGED.labels(env=env).inc()
+    for verdict in trajectory.verdicts:
+        MONITOR_RULES.labels(env=env, rule=verdict.rule).inc()
+    if trajectory.review is not None:
+        MONITOR_REVIEWS.labels(env=env, verdict=trajectory.review.verdict).inc()
     return entry
 
 

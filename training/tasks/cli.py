@@ -165,6 +165,46 @@ def score(
     typer.echo(f"reward: {task_reward(outcome):.3f}")
 
 
+@tasks_app.command("audit")
+def audit(
+    tasks: Path = typer.Option(..., "--tasks", help="An output folder of `tasks build`."),
+    attack: list[str] = typer.Option(
+        [], "--attack", help="Only this attack (repeatable); default: every one."
+    ),
+    limit: int = typer.Option(0, help="Audit at most this many tasks (0: all)."),
+) -> None:
+    """Play every known reward hack (and each task's clean solution) through the rollout
+    environment: what earned reward, and what the monitor flagged. Exits 1 if any attack
+    earned a reward or a clean solution did not."""
+    from training.tasks.attacks import ATTACKS
+    from training.tasks.audit import audit_task, task_ids
+
+    known = {a.name: a for a in ATTACKS}
+    unknown = [name for name in attack if name not in known]
+    if unknown:
+        raise typer.BadParameter(
+            f"unknown attack {unknown[0]!r}; known: {', '.join(known)}", param_hint="--attack"
+        )
+    if limit < 0:
+        raise typer.BadParameter(f"must be 0 or more, got {limit}", param_hint="--limit")
+    ids = task_ids(tasks)
+    if not ids:
+        raise typer.BadParameter(f"{tasks} holds no task (no */task.json)", param_hint="--tasks")
+    chosen = [known[name] for name in attack] or list(ATTACKS)
+    failed = total = 0
+    typer.echo("task\tattack\traw reward\treward\tflagged by\tverdict")
+    for task_id in ids[: limit or None]:
+        for row in audit_task(tasks, task_id, chosen):
+            total += 1
+            failed += not row.held
+            verdict = "held" if row.held else ("FAILED" if row.kind != "clean" else "CLEAN FAILED")
+            typer.echo(f"{task_id}\t{row.attack}\t{row.raw_reward:.3f}\t{row.reward:.3f}\t"
+                       f"{','.join(row.rules) or '-'}\t{verdict}")  # fmt: skip
+    typer.echo(f"{total - failed}/{total} held")
+    if failed:
+        raise typer.Exit(1)
+
+
 def worker_tasks(
     concurrency: int = typer.Option(1, help="Codebases built in parallel (processes)."),
     loglevel: str = typer.Option("info", help="Celery log level."),

@@ -12,6 +12,7 @@ found anywhere is not kept; a codebase importable from outside its tree is not b
 
 from __future__ import annotations
 
+import builtins
 import json
 import keyword
 import math
@@ -26,11 +27,11 @@ from training.agent.runtime import SITE_DIR, pytest_runtime
 
 _SCRIPT = Path(__file__).resolve().parents[1] / "agent" / "leak_sweep.py"
 _DIR = "/run/cstack"
-#: Lines shorter than this, or made only of keywords and punctuation, say nothing of where
-#: they came from (``return result``, ``else:``).
+#: Lines shorter than this, or made only of keywords, builtins and punctuation, say nothing
+#: of where they came from (``return result``, ``except KeyError:``).
 _MIN_CHARS = 16
-_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]{2,}")
-_PLAIN = frozenset(keyword.kwlist) | {"self", "cls"}
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]{3,}")
+_PLAIN = frozenset(keyword.kwlist) | frozenset(dir(builtins)) | {"self", "cls"}
 
 
 class SweepFailed(RuntimeError):
@@ -60,9 +61,11 @@ def distinctive_lines(deleted_code: str, remaining_text: str) -> list[str]:
 
 
 def copy_threshold(lines: Sequence[str]) -> int:
-    """How many of a candidate's lines one file must hold to be a copy of it: half of them,
-    at most three (an edited copy still gives the answer away)."""
-    return min(3, max(1, math.ceil(len(lines) / 2)))
+    """How many of a candidate's lines one file must hold to be a copy of it: half of them.
+    A copy holds them all, an edited or older version most (and still gives the answer
+    away); code that merely does similar things shares a few common lines (measured: 4 of
+    32, 8 of 51 against the standard library)."""
+    return max(1, math.ceil(len(lines) / 2))
 
 
 def sweep(
