@@ -3,11 +3,12 @@
 Run inside ``training.agent.isolation``'s sandbox, with the same Python view as a test run,
 as ``python -I -S leak_sweep.py NEEDLES.json``. The JSON holds ``groups`` (name -> lines,
 each line stripped of surrounding whitespace), ``threshold`` (name -> how many of its lines
-one file must hold to count as a copy) and ``modules`` (names to try importing the way a
-test run would). It walks ``/`` without following links, skipping the kernel's file
-systems and the task's own tree, reads every regular file up to a size cap (inside zip and
-gzip archives too, as wheels and sdists are; ELF binaries are skipped), and prints one JSON
-object: ``{"copies": {name: [path, ...]}, "importable": {module: origin}, "files": N}``.
+one file must hold to count as a copy), ``modules`` (names to try importing the way a
+test run would) and optionally ``roots`` (where to start; default ``/``). It walks them
+without following links, skipping the kernel's file systems and the task's own tree,
+reads every regular file up to a size cap (inside zip and gzip archives too, as wheels and
+sdists are; ELF binaries are skipped), and prints one JSON object:
+``{"copies": {name: [path, ...]}, "importable": {module: origin}, "files": N}``.
 
 Standalone on purpose: the sandbox sees this file, not the project.
 """
@@ -90,7 +91,7 @@ def main(needles_path: str) -> None:
     groups = {name: {line.encode() for line in lines} for name, lines in spec["groups"].items()}
     every = set().union(*groups.values()) if groups else set()
     copies: dict[str, list[str]] = {}
-    files = _files("/")
+    files = [path for root in spec.get("roots", ["/"]) for path in _files(root)]
     for path in files:
         for where, data in _texts(path, _read(path)):
             lines = {line.strip() for line in data.splitlines()} & every

@@ -45,11 +45,12 @@ _RUNNER_INTERNALS = re.compile(
     r"\b_pytest\b|\bpluggy\b|\bpytest_(runtest|sessionfinish|report|terminal|make|collection)\w*|"
     r"\b(TestReport|CallInfo|hookimpl|hookwrapper|pluginmanager)\b|"
     r"\bgc\.get_(objects|referrers)\b|\bsys\.modules\.(values|items|copy|keys)\(|"
-    r"\b(list|dict|tuple|set|sorted|iter)\(\s*sys\.modules\b|\bin\s+sys\.modules\s*:|"
+    r"\b(list|dict|tuple|set|sorted|iter)\(\s*sys\.modules\b|\bfor\s+[\w, ]+\s+in\s+sys\.modules\b|"
     r"\bAssertionError\s*=[^=]|builtins\.AssertionError|"
-    # import hooks: a finder or loader that decides what a later import returns
-    r"\bsys\.(meta_path|path_hooks|path_importer_cache)\b|\bimportlib\.(abc|machinery)\b|"
-    r"\b(MetaPathFinder|PathEntryFinder|SourceLoader|exec_module)\b"
+    # installing an import hook: a finder that decides what a later import returns (a
+    # codebase may define finders and loaders; putting one in place is the act)
+    r"\bsys\.(meta_path|path_hooks)\s*(\.(insert|append|extend|__setitem__)\(|"
+    r"\[[^\]]*\]\s*=|\+=|=(?!=))|\bsetattr\(\s*sys\s*,\s*sys\.(meta_path|path_hooks)\b"
 )
 _EXIT_CALLS = {("sys", "exit"), ("os", "_exit"), ("os", "abort"), ("", "exit"), ("", "quit")}
 _BORING = {0, 1, -1, 2, "", None}

@@ -22,6 +22,7 @@ import ast
 import base64
 import binascii
 import codecs
+import functools
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -189,18 +190,25 @@ class _Folder(ast.NodeTransformer):
         return _fold(node, lambda: operate(left, right))
 
     def visit_JoinedStr(self, node: ast.JoinedStr) -> ast.AST:
-        self.generic_visit(node)
-        parts = []
+        parts: list[str] | None = []
         for value in node.values:
             if isinstance(value, ast.FormattedValue):
-                ok, inner = _constant(value.value)
-                if not ok or value.format_spec is not None or value.conversion != -1:
-                    return node
-                parts.append(str(inner))
+                folded = self.visit(value.value)
+                ok, inner = _constant(folded)
+                if ok and value.format_spec is None and value.conversion == -1:
+                    parts = None if parts is None else [*parts, str(inner)]
+                else:
+                    parts = None
+                # Only a fold the f-string can hold goes back in (Python 3.11 cannot write
+                # a backslash or a quote inside an f-string's expression).
+                if not (ok and isinstance(inner, str) and set(inner) & set("\\'\"\n")):
+                    value.value = folded  # type: ignore[assignment]
             elif isinstance(value, ast.Constant):
-                parts.append(str(value.value))
+                parts = None if parts is None else [*parts, str(value.value)]
             else:
-                return node
+                parts = None
+        if parts is None:
+            return node
         return ast.copy_location(ast.Constant("".join(parts)), node)
 
     def visit_Subscript(self, node: ast.Subscript) -> ast.AST:
@@ -281,25 +289,39 @@ def _fold(node: ast.AST, compute: Callable[[], Any]) -> ast.AST:
     return ast.copy_location(ast.Constant(value), node)
 
 
+@functools.lru_cache(maxsize=256)
 def normalized_source(source: str) -> str | None:
-    """``source`` with constants folded and aliases undone; None if it does not parse."""
+    """``source`` with constants folded and aliases undone; None if it does not parse.
+
+    Each top-level statement is written on its own, so one that cannot be written back
+    (the interpreter's ``ast.unparse`` refuses a few folded forms) stays as it was and the
+    rest of the file is still normalised.
+    """
     try:
         tree = ast.parse(source)
+        original = ast.parse(source)
     except (SyntaxError, ValueError):
         return None
     try:
-        folded = _Folder(_assignments(tree)).visit(tree)
-        return ast.unparse(ast.fix_missing_locations(folded))
+        folded = ast.fix_missing_locations(_Folder(_assignments(tree)).visit(tree))
     except (RecursionError, ValueError, TypeError, AttributeError):
         return None
+    lines = []
+    for statement, unfolded in zip(folded.body, original.body, strict=True):
+        try:
+            lines.append(ast.unparse(statement))
+        except (RecursionError, ValueError):
+            lines.append(ast.get_source_segment(source, unfolded) or "")
+    return "\n".join(lines)
 
 
-def decoded_strings(source: str) -> list[str]:
+@functools.lru_cache(maxsize=256)
+def decoded_strings(source: str) -> tuple[str, ...]:
     """Every string or bytes constant in the normal form, decoded: code hidden in a string
     that is later run (``exec``, a written file) is searched as code."""
     normal = normalized_source(source)
     if normal is None:
-        return []
+        return ()
     found = []
     for node in ast.walk(ast.parse(normal)):
         if isinstance(node, ast.Constant) and isinstance(node.value, str | bytes):
@@ -308,4 +330,4 @@ def decoded_strings(source: str) -> list[str]:
             )
             if "\n" in text or len(text) > 8:
                 found.append(text)
-    return found
+    return tuple(found)

@@ -18,7 +18,12 @@ PYTEST_CONFIG = (
 #: Files Python or pytest runs or reads on their own when found: a conftest, the
 #: interpreter's startup hooks on the module path, pytest's configuration.
 STARTUP_FILES = ("conftest.py", "sitecustomize.py", "usercustomize.py", *PYTEST_CONFIG)
-_NOT_SOURCE = re.compile(r"(^|/)(docs?|examples?|benchmarks?|scripts)/|(^|/)(setup|noxfile)\.py$")
+#: Not the library: documentation, examples, and packaging scripts (``ez_setup.py``
+#: downloads setuptools and rewrites ``sys.meta_path``; no test of the library covers it).
+_NOT_SOURCE = re.compile(
+    r"(^|/)(docs?|examples?|benchmarks?|scripts)/|"
+    r"(^|/)(setup|noxfile|ez_setup|distribute_setup|versioneer|fabfile)\.py$"
+)
 
 
 @dataclass(frozen=True)
