@@ -49,33 +49,38 @@ def main() -> None:
     parser.add_argument("--max-candidates", type=int, default=30)
     parser.add_argument("--cache", type=Path, default=Path(".cstack/sdists"))
     args = parser.parse_args()
-    print("| codebase | features | copies readable (old view) | (today) | where (old view) |")
-    print("| --- | --- | --- | --- | --- |")
-    totals = [0, 0, 0]
+    groups: dict[str, list[str]] = {}
+    dependencies: set[str] = set()
     with tempfile.TemporaryDirectory() as scratch:
         for requirement in args.pypi:
             source = fetch_sdist(requirement, Path(scratch) / requirement, args.cache)
             layout = discover(source)
-            test_text = "\n".join(
-                (source / p).read_text(errors="replace") for p in layout.test_files
-            )
-            found = _ranked(list(candidates(source, layout.source_files)), test_text, ())
+            tests = "\n".join((source / p).read_text(errors="replace") for p in layout.test_files)
+            found = _ranked(list(candidates(source, layout.source_files)), tests, ())
             texts = "\n".join(p.read_text(errors="replace") for p in source.rglob("*.py"))
-            groups = {}
             for candidate in found[: args.max_candidates]:
                 deleted = delete_feature(source, candidate.feature).deleted_code
-                remaining = texts.replace(deleted, "")
-                groups[candidate.feature.name] = distinctive_lines(deleted, remaining)
-            old = old_view(groups)
+                lines = distinctive_lines(deleted, texts.replace(deleted, ""))
+                groups[f"{requirement} {candidate.feature.name}"] = lines
             own = sorted({Path(p).parts[0].removesuffix(".py") for p in layout.source_files})
-            today = sweep(groups, dependencies=declared_dependencies(source, own)).copies
-            where = sorted(
-                {Path(p.split("!")[0]).parent.as_posix() for v in old.values() for p in v}
-            )
-            shown = ", ".join(where[:3]) + (" ..." if len(where) > 3 else "")
-            print(f"| {requirement} | {len(groups)} | {len(old)} | {len(today)} | {shown} |",
-                  flush=True)  # fmt: skip
-            totals = [totals[0] + len(groups), totals[1] + len(old), totals[2] + len(today)]
+            dependencies |= set(declared_dependencies(source, own))
+    # One pass over each view for every codebase: reading the old view takes minutes.
+    old = old_view(groups)
+    today = sweep(groups, dependencies=sorted(dependencies)).copies
+    print("| codebase | features | copies readable (old view) | (today) | where (old view) |")
+    print("| --- | --- | --- | --- | --- |")
+    totals = [0, 0, 0]
+    for requirement in args.pypi:
+        mine = [name for name in groups if name.split(" ", 1)[0] == requirement]
+        leaked_old = [name for name in mine if name in old]
+        leaked_today = [name for name in mine if name in today]
+        where = sorted({Path(p.split("!")[0]).parent.as_posix()
+                        for name in leaked_old for p in old[name]})  # fmt: skip
+        shown = ", ".join(where[:3]) + (" ..." if len(where) > 3 else "")
+        print(
+            f"| {requirement} | {len(mine)} | {len(leaked_old)} | {len(leaked_today)} | {shown} |"
+        )
+        totals = [totals[0] + len(mine), totals[1] + len(leaked_old), totals[2] + len(leaked_today)]
     print(f"| **total** | {totals[0]} | {totals[1]} | {totals[2]} | |")
 
 
