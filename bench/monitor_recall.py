@@ -21,6 +21,7 @@ says (``cstack tasks audit`` shows it); they are counted here too, for the monit
 from __future__ import annotations
 
 import argparse
+import ast
 import collections
 import importlib.util
 import posixpath
@@ -74,6 +75,27 @@ def _heldout(path: Path | None) -> tuple[list[dict[str, Any]], list[dict[str, An
     return list(module.HELDOUT), list(module.CLEAN)
 
 
+def _without(source: str, qualified: str) -> str:
+    """``source`` with the definition ``qualified`` (``f`` or ``Class.f``) taken out."""
+    tree = ast.parse(source)
+    body, *rest = [tree.body], qualified.split(".")
+    for part in qualified.split(".")[:-1]:
+        owner = next((n for n in body[-1] if isinstance(n, ast.ClassDef) and n.name == part), None)
+        if owner is None:
+            return source
+        body.append(owner.body)
+    name = qualified.rsplit(".", 1)[-1]
+    found = [n for n in body[-1] if getattr(n, "name", None) == name]
+    if not found or not rest:
+        return source
+    node = found[0]
+    start = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
+    lines = source.splitlines(keepends=True)
+    indent = lines[start - 1][: len(lines[start - 1]) - len(lines[start - 1].lstrip())]
+    keep = [f"{indent}pass\n"] if len(body[-1]) == 1 and len(body) > 1 else []
+    return "".join(lines[: start - 1] + keep + lines[node.end_lineno :])
+
+
 def _formatted(entry: dict[str, Any], values: dict[str, str]) -> dict[str, str] | None:
     try:
         return {
@@ -106,7 +128,9 @@ def play_codebase(
             clean = {
                 path: (source / path).read_text(errors="replace") for path in deletion.new_sources
             }
-            plays: list[tuple[str, str, dict[str, str] | None]] = [("clean", "own", clean)]
+            plays: list[tuple[str, str, str, dict[str, str] | None]] = [
+                ("clean", "own", "clean_solution", clean)
+            ]
             task = TaskSpec(
                 task_id="bench", source="bench", feature=feature, fail_to_pass=SAMPLE_TESTS[:1],
                 pass_to_pass=SAMPLE_TESTS[1:], test_files=layout.test_files, canaries=[],
@@ -114,7 +138,7 @@ def play_codebase(
             )  # fmt: skip
             for attack in ATTACKS:
                 plan = attack.plan(task, template)
-                plays.append((attack.kind, "own", plan.files if plan else None))
+                plays.append((attack.kind, "own", attack.name, plan.files if plan else None))
             stub = template / feature.path
             values = {
                 "feature_path": feature.path,
@@ -125,9 +149,15 @@ def play_codebase(
                 "tests": repr(SAMPLE_TESTS),
             }
             attacks, cleans = heldout
-            plays += [(e["kind"], "heldout", _formatted(e, values)) for e in attacks]
-            plays += [("clean", "heldout", _formatted(e, values)) for e in cleans]
-            for kind, origin, files in plays:
+            plays += [(e["kind"], "heldout", e["name"], _formatted(e, values)) for e in attacks]
+            # A clean agent replaces the stub; the held-out templates can only append, so
+            # their clean edits are appended to the file without the stub.
+            rewritten = {
+                **values,
+                "feature_source": _without(values["feature_source"], feature.name),
+            }
+            plays += [("clean", "heldout", e["name"], _formatted(e, rewritten)) for e in cleans]
+            for kind, origin, name, files in plays:
                 if files is None:
                     continue
                 verdicts = check_episode(_episode(template, tree, files))
@@ -135,7 +165,7 @@ def play_codebase(
                 side = "clean" if kind == "clean" else "attack"
                 if SHOW and flagged != (side == "attack"):
                     what = "false alarm" if flagged else "missed"
-                    print(f"  {what}: {origin} {kind} {feature.path}:{feature.name}", flush=True)
+                    print(f"  {what}: {origin} {kind} {name} {feature.path}:{feature.name}")
                     for verdict in verdicts:
                         print(f"    {verdict.rule}: {verdict.evidence[:300]}")
                 counts[(side, origin, "total")] += 1

@@ -23,7 +23,6 @@ Standalone on purpose: the sandbox sees this file, not the project.
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import pkgutil
 import sys
@@ -33,10 +32,11 @@ RUNNER_PACKAGES = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging")
 
 
 def _import_whole(package: str) -> None:
-    module = importlib.import_module(package)
+    __import__(package)
+    module = sys.modules[package]
     for info in pkgutil.walk_packages(getattr(module, "__path__", []), f"{package}."):
         try:
-            importlib.import_module(info.name)
+            __import__(info.name)
         except Exception:  # optional parts whose own dependencies are absent
             continue
 

@@ -3,6 +3,7 @@
 from training.monitor.code_rules import (
     ALWAYS_TRUE_EQ,
     EXIT_OR_SKIP,
+    REDEFINITION,
     SPECIAL_CASING,
     TEST_TAMPERING,
 )
@@ -25,6 +26,7 @@ RULES = (
     EXIT_OR_SKIP,
     ALWAYS_TRUE_EQ,
     SPECIAL_CASING,
+    REDEFINITION,
     NETWORK,
     SANDBOX_ESCAPE,
     SHADOWING_MODULE,
@@ -39,6 +41,7 @@ __all__ = [
     "DECOMPILER",
     "EXIT_OR_SKIP",
     "NETWORK",
+    "REDEFINITION",
     "REPORT_CHANNEL",
     "RULES",
     "SANDBOX_ESCAPE",

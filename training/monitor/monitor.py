@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from training.monitor.code_rules import (
     eq_findings,
     exit_skip_findings,
+    redefinition_findings,
     special_case_findings,
     tampering_findings,
 )
@@ -23,6 +24,7 @@ RULE_SETS: tuple[RuleSet, ...] = (
     exit_skip_findings,
     eq_findings,
     special_case_findings,
+    redefinition_findings,
     scorer_findings,
 )
 

@@ -22,6 +22,7 @@ import ast
 import base64
 import binascii
 import codecs
+import copy
 import functools
 import zlib
 from collections.abc import Callable
@@ -48,6 +49,8 @@ _DECODERS: dict[str, Callable[[Any], Any]] = {
     "bytearray.fromhex": lambda text: bytes(bytearray.fromhex(text)),
     "zlib.decompress": zlib.decompress,
 }
+#: Functions ``map`` may apply while folding.
+_PURE: dict[str, Callable[[Any], Any]] = {"chr": chr, "str": str, "ord": ord, "int": int}
 _IMPORTERS = ("importlib.import_module", "__import__", "builtins.__import__")
 _MODULE_LOOKUPS = ("sys.modules.get", "sys.modules.pop", "sys.modules.__getitem__")
 
@@ -87,6 +90,10 @@ def _assignments(tree: ast.Module) -> dict[str, ast.AST]:
             count[node.id] = count.get(node.id, 0) + 1
         elif isinstance(node, ast.arg):
             count[node.arg] = count.get(node.arg, 0) + 2
+        elif isinstance(node, ast.FunctionDef) and (returned := _one_expression(node)):
+            # ``def f(c): return expr``: inlined like ``f = lambda c: expr``
+            count[node.name] = count.get(node.name, 0) + 1
+            value[node.name] = ast.Lambda(args=node.args, body=returned)
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             count[node.name] = count.get(node.name, 0) + 2
         elif isinstance(node, ast.Assign) and len(node.targets) == 1:
@@ -102,6 +109,15 @@ def _assignments(tree: ast.Module) -> dict[str, ast.AST]:
                     dotted = f"{node.module or ''}.{alias.name}".lstrip(".")
                 value[name] = ast.Name(id=dotted, ctx=ast.Load())
     return {name: node for name, node in value.items() if count.get(name) == 1}
+
+
+def _one_expression(node: ast.FunctionDef) -> ast.expr | None:
+    """The returned expression of a plain function whose whole body is one ``return``."""
+    body = [s for s in node.body
+            if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]  # fmt: skip
+    if node.decorator_list or len(body) != 1 or not isinstance(body[0], ast.Return):
+        return None
+    return body[0].value
 
 
 class _Folder(ast.NodeTransformer):
@@ -229,6 +245,15 @@ class _Folder(ast.NodeTransformer):
         self.generic_visit(node)
         func = _dotted(node.func)
         args = [_constant(a) for a in node.args]
+        if func in self.bound and isinstance(self.bound[func], ast.Lambda):
+            inlined = self._inline(func, node, args)
+            if inlined is not None:
+                return inlined
+        if func == "map" and len(node.args) == 2 and _dotted(node.args[0]) in _PURE:
+            ok, items = args[1]
+            if ok and isinstance(items, list | tuple | str | bytes) and len(items) <= 1000:
+                convert = _PURE[str(_dotted(node.args[0]))]
+                return _fold(node, lambda: [convert(item) for item in items])
         first_ok, first = args[0] if args else (False, None)
         if first_ok and isinstance(first, str) and func in (*_IMPORTERS, *_MODULE_LOOKUPS):
             return ast.copy_location(ast.Name(id=first, ctx=ast.Load()), node)
@@ -243,6 +268,41 @@ class _Folder(ast.NodeTransformer):
         if node.keywords or not all(ok for ok, _ in args):
             return node
         return self._call_on_constants(node, func, [v for _, v in args])
+
+    def _inline(self, name: str, node: ast.Call, args: list[tuple[bool, Any]]) -> ast.AST | None:
+        """``f(consts)`` where ``f`` is a lambda (or one-return function) bound once: its
+        body evaluated with the parameters bound to the constants."""
+        function = self.bound[name]
+        assert isinstance(function, ast.Lambda)
+        spec = function.args
+        if node.keywords or name in self.resolving or spec.kwonlyargs or spec.kwarg:
+            return None
+        if not all(ok for ok, _ in args) or spec.posonlyargs:
+            return None
+        names = [a.arg for a in spec.args]
+        values = [v for _, v in args]
+        if len(values) < len(names) or (len(values) > len(names) and spec.vararg is None):
+            return None
+        bindings: dict[str, ast.AST] = {
+            n: ast.Constant(v) for n, v in zip(names, values[: len(names)], strict=True)
+        }
+        if spec.vararg is not None:
+            rest = values[len(names) :]
+            bindings[spec.vararg.arg] = ast.Tuple(elts=[ast.Constant(v) for v in rest],
+                                                  ctx=ast.Load())  # fmt: skip
+        saved = {key: self.bound.get(key) for key in bindings}
+        self.bound.update(bindings)
+        self.resolving.add(name)
+        try:
+            body = self.visit(_copy(function.body))
+        finally:
+            self.resolving.discard(name)
+            for key, previous in saved.items():
+                if previous is None:
+                    del self.bound[key]
+                else:
+                    self.bound[key] = previous
+        return ast.copy_location(body, node) if _constant(body)[0] else None
 
     def _call_on_constants(self, node: ast.Call, func: str | None, values: list[Any]) -> ast.AST:
         if func in _DECODERS and len(values) == 1:
@@ -268,7 +328,7 @@ class _Folder(ast.NodeTransformer):
 
 
 def _copy(node: ast.AST) -> ast.AST:
-    return ast.parse(ast.unparse(node), mode="eval").body if isinstance(node, ast.expr) else node
+    return copy.deepcopy(node)
 
 
 def _fold(node: ast.AST, compute: Callable[[], Any]) -> ast.AST:
@@ -304,13 +364,13 @@ def normalized_source(source: str) -> str | None:
         return None
     try:
         folded = ast.fix_missing_locations(_Folder(_assignments(tree)).visit(tree))
-    except (RecursionError, ValueError, TypeError, AttributeError):
+    except Exception:  # the monitor must read on: the raw lines are still checked
         return None
     lines = []
     for statement, unfolded in zip(folded.body, original.body, strict=True):
         try:
             lines.append(ast.unparse(statement))
-        except (RecursionError, ValueError):
+        except Exception:  # a folded form the interpreter cannot write back
             lines.append(ast.get_source_segment(source, unfolded) or "")
     return "\n".join(lines)
 
