@@ -1,5 +1,5 @@
 """What the curriculum buys at a fixed rollout budget: the training loop's task choice and
-group filter (``training.rl.curriculum``, the code `cstack rl` runs) against uniform
+group filter (``training.rl.learner.curriculum``, the code `cstack rl` runs) against uniform
 sampling that trains on every group, on a suite of mixed difficulty.
 
 The learner is simulated, and says so: a task's rollouts pass with probability
@@ -28,7 +28,7 @@ import random
 import statistics
 from dataclasses import dataclass
 
-from training.rl.curriculum import Curriculum, CurriculumConfig
+from training.rl.learner.curriculum import Curriculum, CurriculumConfig
 
 START_PASS_RATES = {"easy": 0.95, "medium": 0.5, "hard": 0.05}
 

@@ -2,11 +2,11 @@
 
 For each codebase (an sdist from PyPI) every feature the task builder could delete is one
 task. Each is played three ways, as file versions the monitor reads the way a rollout's
-are (``training.monitor.check_episode`` over the writes, against the stubbed tree):
+are (``training.rl.monitor.check_episode`` over the writes, against the stubbed tree):
 
 * clean: the feature's original code written back (the solution a task's builder knows);
   any flag is a false alarm;
-* the project's own attacks (``training.tasks.attacks``): each must be flagged;
+* the project's own attacks (``training.rl.tasks.attacks``): each must be flagged;
 * held-out attacks written by someone who had not read the rules (``--heldout``, a file
   defining ``HELDOUT`` and ``CLEAN`` templates): the honest recall figure, and more clean
   edits for the false-alarm figure.
@@ -31,12 +31,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from training.monitor import CommandEntry, EpisodeEvidence, FileChange, check_episode
-from training.tasks.attacks import ATTACKS
-from training.tasks.deletion import candidates, delete_feature
-from training.tasks.layout import HARNESS_MODULES, discover
-from training.tasks.pypi import fetch_sdist
-from training.tasks.spec import TaskSpec
+from training.rl.monitor import CommandEntry, EpisodeEvidence, FileChange, check_episode
+from training.rl.tasks.attacks import ATTACKS
+from training.rl.tasks.deletion import candidates, delete_feature
+from training.rl.tasks.layout import HARNESS_MODULES, discover
+from training.rl.tasks.pypi import fetch_sdist
+from training.rl.tasks.spec import TaskSpec
 
 PROTECTED = sorted(set(sys.stdlib_module_names) | HARNESS_MODULES |
                    {"pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging"})  # fmt: skip

@@ -6,7 +6,7 @@ The script asks it for greedy completions of fixed prompts and reads the accepta
 from its own counters (serving/spec_decode.py: accepted over drafted tokens). Then the
 trainer takes ``--steps`` steps on those completions (next-token cross entropy plus
 DeepSeek-V3's MTP loss at ``--mtp-loss-weight``), exports, and the RL weight sync
-(training/rollouts/weight_sync.py) pushes the export into the running engine; the same
+(training/rl/rollouts/weight_sync.py) pushes the export into the running engine; the same
 prompts are asked again. Rows:
 
 - the base checkpoint;
@@ -46,8 +46,8 @@ from training.checkpoint import graft_mtp_layers
 from training.config import TrainerConfig
 from training.losses import IGNORE_INDEX
 from training.optim.config import MuonConfig
-from training.rollouts.gate import PolicyVersionGate
-from training.rollouts.weight_sync import VllmWeightSync
+from training.rl.rollouts.gate import PolicyVersionGate
+from training.rl.rollouts.weight_sync import VllmWeightSync
 from training.trainer import Trainer
 
 PROMPTS = [

@@ -28,7 +28,8 @@ import httpx
 from rl_feedback import reset_engine, run_rl
 
 from serving.valkey import running_valkey
-from training.rollouts.environments import toolchoice_prompt, toolchoice_reward
+from training.rl.rewards import toolchoice_reward
+from training.rl.rollouts.environments import toolchoice_available, toolchoice_prompt
 
 SUITE = [f"tools-{k}{variant}" for variant in ("", "@2", "@1") for k in range(4)]
 
@@ -49,7 +50,9 @@ def suite_pass_rate(engine_url: str, samples: int, max_tokens: int) -> dict[str,
             )  # fmt: skip
             reply.raise_for_status()
             texts = [c["message"]["content"] for c in reply.json()["choices"]]
-            rates[task_id] = sum(toolchoice_reward(task_id, t) for t in texts) / samples
+            rates[task_id] = (
+                sum(toolchoice_reward(toolchoice_available(task_id), t) for t in texts) / samples
+            )
     return rates
 
 

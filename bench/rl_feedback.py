@@ -11,7 +11,7 @@ arms share that (dev-mode, extension-enabled) engine and the script first pushes
 starts from the same weights. Prints per-step curves and the first-quarter /
 last-quarter / whole-run means of both arms. ``--seeds 0,1,2`` runs
 both arms once per seed and ends with the averages over seeds; ``--kl-coef`` overrides the
-hint-KL coefficient of training/feedback.yaml (through ``cstack rl --feedback-config``).
+hint-KL coefficient of training/rl/feedback.yaml (through ``cstack rl --feedback-config``).
 """
 
 from __future__ import annotations
@@ -31,18 +31,18 @@ def reset_engine(url: str, model: Path, redis_url: str) -> None:
     """Put ``model`` into the engine (exact reload) so the arm starts from it."""
     import redis
 
-    from training.rollouts.gate import PolicyVersionGate
-    from training.rollouts.weight_sync import VllmWeightSync
+    from training.rl.rollouts.gate import PolicyVersionGate
+    from training.rl.rollouts.weight_sync import VllmWeightSync
 
     gate = PolicyVersionGate(redis.Redis.from_url(redis_url), f"bench-reset-{uuid.uuid4().hex}")
     VllmWeightSync([url], gate).push(model.resolve())
 
 
 def _feedback_config(out: Path, kl_coef: float) -> Path:
-    """training/feedback.yaml with another hint-KL coefficient."""
+    """training/rl/feedback.yaml with another hint-KL coefficient."""
     import yaml
 
-    from training.feedback import DEFAULT_FEEDBACK_FILE
+    from training.rl.feedback import DEFAULT_FEEDBACK_FILE
 
     config = yaml.safe_load(DEFAULT_FEEDBACK_FILE.read_text())
     config["kl_coef"] = kl_coef

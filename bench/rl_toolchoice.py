@@ -29,9 +29,9 @@ from pathlib import Path
 import torch
 
 from serving.tiny import build_tiny_checkpoint
-from training.feedback import Encode, TextFeedbackConfig, hinted_prompt, load_feedback_config
 from training.models.deepseek_v3.model import DeepseekV3Model
-from training.rollouts.environments import (
+from training.rl.feedback import Encode, TextFeedbackConfig, hinted_prompt, load_feedback_config
+from training.rl.rollouts.environments import (
     TOOLCHOICE_TOOLS,
     toolchoice_available,
     toolchoice_hint,

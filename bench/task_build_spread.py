@@ -26,8 +26,8 @@ import uuid
 from pathlib import Path
 
 from serving.valkey import start_valkey
+from training.rl.tasks.pypi import fetch_sdist
 from training.settings import TrainingSettings
-from training.tasks.pypi import fetch_sdist
 
 CSTACK = [sys.executable, "-m", "deploy.cli"]
 

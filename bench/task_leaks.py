@@ -2,7 +2,7 @@
 
 For each codebase (an sdist from PyPI), every feature the builder would try (its first
 ``--max-candidates``, as `cstack tasks build` ranks them) is checked for a copy of its
-deleted lines (``training.tasks.leaks``: half of its distinctive lines in one file):
+deleted lines (``training.rl.tasks.leaks``: half of its distinctive lines in one file):
 
 * old view: what the sandbox mounted before it got an allow-list: all of ``/usr``, the
   interpreter's prefix and the virtualenv, read whole (the sweep run outside a sandbox
@@ -21,14 +21,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from training.tasks.builder import _ranked
-from training.tasks.deletion import candidates, delete_feature
-from training.tasks.dependencies import declared_dependencies
-from training.tasks.layout import discover
-from training.tasks.leaks import copy_threshold, distinctive_lines, sweep
-from training.tasks.pypi import fetch_sdist
+from training.rl.tasks.builder import _ranked
+from training.rl.tasks.deletion import candidates, delete_feature
+from training.rl.tasks.dependencies import declared_dependencies
+from training.rl.tasks.layout import discover
+from training.rl.tasks.leaks import copy_threshold, distinctive_lines, sweep
+from training.rl.tasks.pypi import fetch_sdist
 
-SWEEP = Path(__file__).resolve().parents[1] / "training" / "agent" / "leak_sweep.py"
+SWEEP = Path(__file__).resolve().parents[1] / "training" / "rl" / "agent" / "leak_sweep.py"
 OLD_ROOTS = sorted({"/usr", sys.base_prefix, sys.prefix})
 
 

@@ -10,7 +10,7 @@ engine both ways, alternating, ``--repeats`` times:
   engine's in-place reload from it (``VllmWeightSync.push``);
 - stream: the same tensors built in memory (``hf_tensors``) and broadcast to the engine's
   worker in buckets over a gloo group (``VllmWeightSync.push_weights``,
-  training/rollouts/weight_transport.py).
+  training/rl/rollouts/weight_transport.py).
 
 Each push is checked: vLLM's weight digests after a streamed push equal those after the
 disk push. Rows give the median seconds of each phase and the bytes per second of the
@@ -50,8 +50,8 @@ from training.models.deepseek_v3.hf_io import (
     save_hf_checkpoint,
 )
 from training.models.deepseek_v3.model import DeepseekV3Model
-from training.rollouts.gate import PolicyVersionGate
-from training.rollouts.weight_sync import VllmWeightSync
+from training.rl.rollouts.gate import PolicyVersionGate
+from training.rl.rollouts.weight_sync import VllmWeightSync
 
 #: Writing 1 drops the page cache (root only; absent or read-only: no cold-cache row).
 COLD_CACHE = Path("/proc/sys/vm/drop_caches")

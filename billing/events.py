@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from billing.meter import Admission, Outcome, UsageReport
 from billing.pricing import PriceBook, charge
-from serving.tiers import Tier
+from serving.vocabulary import Tier
 
 EVENT_SCHEMA_VERSION = 1
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal, Protocol
 
-from serving.tiers import Tier
+from serving.vocabulary import Tier
 
 #: ``max_duration``: the gateway ended the request at its maximum total duration (what was
 #: generated until then is billed).

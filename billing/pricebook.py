@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from billing.money import usd_to_nano
-from serving.tiers import TIERS, Tier
+from serving.vocabulary import TIERS, Tier
 
 TOKENS_PER_MILLION = 1_000_000
 

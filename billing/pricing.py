@@ -23,7 +23,7 @@ from billing.pricebook import (
     load_pricebook,
     parse_pricebook,
 )
-from serving.tiers import Tier
+from serving.vocabulary import Tier
 
 __all__ = [
     "Charge",

@@ -44,7 +44,7 @@ from billing.settings import BillingSettings
 from billing.settlement import Record, SettlementQueue
 from billing.spool import UsageSpool
 from billing.usage_writer import REDIS_DOWN, SETTLE_SCRIPT, UsageWriter
-from serving.tiers import TIERS
+from serving.vocabulary import TIERS
 
 logger = logging.getLogger(__name__)
 

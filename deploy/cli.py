@@ -68,9 +68,9 @@ app.add_typer(billing_app, name="billing")
 worker_app.command("billing")(worker_billing)
 app.command("beat")(beat)
 
-from training.rl.cli import rl  # noqa: E402
-from training.rollouts.cli import worker_rollouts  # noqa: E402
-from training.tasks.cli import tasks_app, worker_tasks  # noqa: E402
+from training.rl.learner.cli import rl  # noqa: E402
+from training.rl.rollouts.cli import worker_rollouts  # noqa: E402
+from training.rl.tasks.cli import tasks_app, worker_tasks  # noqa: E402
 
 app.add_typer(tasks_app, name="tasks")
 app.command("rl")(rl)

@@ -32,7 +32,7 @@ def up(
     `cstack billing` run from the same directory find the embedded Valkey while it runs.
     """
     from serving.process import ServerStartError, StopRequested, stop_signals_raise
-    from serving.tiers import TIERS
+    from serving.vocabulary import TIERS
 
     if not _checks_pass():
         raise typer.Exit(1)

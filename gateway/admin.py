@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from gateway.auth import Authenticator
 from gateway.errors import GatewayError
 from gateway.keys import KeyStore, KeyStoreError
-from serving.tiers import DEFAULT_TIER, Tier
+from serving.vocabulary import DEFAULT_TIER, Tier
 
 
 class CreateOrg(BaseModel):

@@ -43,8 +43,8 @@ from gateway.tiers import TierRouter
 from gateway.upstream import Upstreams
 from serving.profile import detect_profile
 from serving.settings import ServingSettings
-from serving.tiers import PUBLIC_MODELS, TIERS
 from serving.variants import load_variants
+from serving.vocabulary import PUBLIC_MODELS, TIERS
 
 logger = logging.getLogger(__name__)
 

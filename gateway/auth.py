@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from billing.redis_client import REDIS_FAILURES
 from gateway.errors import GatewayError, unauthorized
 from gateway.keys import ApiKey, KeyStore, digest
-from serving.tiers import DEFAULT_TIER, Tier
+from serving.vocabulary import DEFAULT_TIER, Tier
 
 logger = logging.getLogger(__name__)
 CACHE_MAX_ENTRIES = 100_000

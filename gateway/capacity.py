@@ -23,8 +23,8 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from serving.tiers import TIERS, Tier
 from serving.variants import VariantBook
+from serving.vocabulary import STANDARD_MAX_SHARE, STANDARD_MIN_SHARE, TIERS, Tier
 
 
 class EngineBusy(Exception):
@@ -43,8 +43,8 @@ class SlotPolicy:
     size: int
     #: Whether both tiers use this engine.
     shared: bool
-    standard_max_share: float = 0.75
-    standard_min_share: float = 0.25
+    standard_max_share: float = STANDARD_MAX_SHARE
+    standard_min_share: float = STANDARD_MIN_SHARE
 
     @property
     def standard_cap(self) -> int:

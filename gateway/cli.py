@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar, cast
 import typer
 
 if TYPE_CHECKING:
-    from serving.tiers import Tier
+    from serving.vocabulary import Tier
 
 T = TypeVar("T")
 

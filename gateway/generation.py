@@ -68,10 +68,10 @@ from gateway.routing import PrefixKey, chat_key, text_key
 from gateway.settings import GatewaySettings
 from gateway.sse import EventWriter, StreamRewriter
 from gateway.tiers import TierRoute, TierRouter
-from serving.tiers import TIERS, Tier
+from serving.vocabulary import TIERS, Tier
 
 #: Our name of the tier that served a completion: the body's ``service_tier`` is in
-#: OpenAI's values (serving.tiers.ANSWER_SERVICE_TIERS), which do not name our tiers.
+#: OpenAI's values (serving.vocabulary.ANSWER_SERVICE_TIERS), which do not name our tiers.
 TIER_HEADER = "x-cstack-tier"
 _TIER_HEADERS: dict[Tier, tuple[bytes, bytes]] = {
     tier: (TIER_HEADER.encode(), tier.encode()) for tier in TIERS

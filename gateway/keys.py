@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, replace
 
 from redis.asyncio import Redis
 
-from serving.tiers import DEFAULT_TIER, TIERS, Tier
+from serving.vocabulary import DEFAULT_TIER, TIERS, Tier
 
 KEY_PREFIX = "sk-cs-"
 EPOCH_KEY = "cstack:keys:epoch"

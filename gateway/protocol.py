@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.fields import FieldInfo
 
 from gateway.errors import GatewayError, bad_request
+from serving.vocabulary import ReasoningEffort, Verbosity
 
 INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)
@@ -213,8 +214,6 @@ class SamplingParams(OpenAIModel):
     user: str | None = ignored("an end-user id OpenAI uses for caching and abuse detection")
 
 
-#: OpenAI's values (openai.types.shared.ReasoningEffort); the test suite checks they agree.
-ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 Metadata = Annotated[
     dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
     Field(max_length=16),
@@ -257,7 +256,7 @@ class ChatCompletionRequest(PlatformHints, SamplingParams):
     reasoning_effort: ReasoningEffort | None = applied(
         "thinks up to the variants file's budget for the effort; absent is none"
     )
-    verbosity: Literal["low", "medium", "high"] | None = applied(
+    verbosity: Verbosity | None = applied(
         "a system line in the chat template: terse (low) or detailed (high) answers"
     )
 

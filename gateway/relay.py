@@ -53,7 +53,7 @@ from gateway.upstream import (
     UpstreamResponse,
     UpstreamTimeout,
 )
-from serving.tiers import ANSWER_SERVICE_TIERS
+from serving.vocabulary import ANSWER_SERVICE_TIERS
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import pydantic_core
 
-from serving.tiers import ANSWER_SERVICE_TIERS, Tier
+from serving.vocabulary import ANSWER_SERVICE_TIERS, Tier
 
 DONE_EVENT = b"data: [DONE]\n\n"
 

@@ -1,6 +1,6 @@
 """A request's public model and ``service_tier`` -> its tier -> what vLLM is asked for.
 
-Which tier a request gets is ``serving.tiers``'s rule; here the tier decides the upstream
+Which tier a request gets is ``serving.vocabulary``'s rule; here the tier decides the upstream
 pool, the output cap and, when both tiers share one engine, vLLM's scheduling
 ``priority`` (from serving's ``shared`` variant). Every route also carries the variants
 file's thinking budget per ``reasoning_effort``.
@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from gateway.errors import GatewayError, bad_request
 from gateway.settings import GatewaySettings
 from serving.settings import ServingSettings
-from serving.tiers import (
+from serving.variants import VariantBook, load_variants
+from serving.vocabulary import (
     DEFAULT_TIER,
     PUBLIC_MODELS,
     TIERS,
@@ -23,7 +24,6 @@ from serving.tiers import (
     UnknownServiceTier,
     resolve_tier,
 )
-from serving.variants import VariantBook, load_variants
 
 
 @dataclass(frozen=True)

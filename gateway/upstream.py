@@ -20,7 +20,7 @@ from gateway.capacity import EngineSlots, SlotPolicy
 from gateway.http1 import ConnectionPool, Response, UpstreamConnectError, UpstreamReadTimeout
 from gateway.metrics import GatewayMetrics
 from gateway.routing import PrefixKey, PrefixTable, RoutingPolicy
-from serving.tiers import Tier
+from serving.vocabulary import Tier
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from serving.tiers import TIERS
+from serving.vocabulary import REASONING_EFFORTS, STANDARD_MAX_SHARE, STANDARD_MIN_SHARE, TIERS
 
 
 class VariantError(ValueError):
@@ -44,19 +44,15 @@ class WeightSync:
 
 
 @dataclass(frozen=True)
-class Admission:
+class SlotSharing:
     """How the gateway shares an engine's request slots between tiers (the file's
     ``admission`` section says what each field means)."""
 
-    standard_max_share: float = 0.75
-    standard_min_share: float = 0.25
+    standard_max_share: float = STANDARD_MAX_SHARE
+    standard_min_share: float = STANDARD_MIN_SHARE
     max_queue_wait_s: dict[str, float] = field(
         default_factory=lambda: {"fast": 10.0, "standard": 60.0}
     )
-
-
-#: OpenAI's ``reasoning_effort`` values (gateway/protocol.py's ``ReasoningEffort``).
-REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 
 
 @dataclass(frozen=True)
@@ -65,7 +61,7 @@ class VariantBook:
     variants: dict[str, Variant]
     profiles: dict[str, dict[str, Any]]
     weight_sync: WeightSync = field(default_factory=WeightSync)
-    admission: Admission = field(default_factory=Admission)
+    admission: SlotSharing = field(default_factory=SlotSharing)
     #: Thinking-token budget per ``reasoning_effort`` (the file's ``reasoning`` section);
     #: an effort without one does not think.
     thinking_budgets: dict[str, int] = field(default_factory=dict)
@@ -163,10 +159,10 @@ def _thinking_budgets(raw: dict[str, Any], path: Path) -> dict[str, int]:
     return budgets
 
 
-def _admission(raw: dict[str, Any], path: Path) -> Admission:
-    defaults = Admission()
+def _admission(raw: dict[str, Any], path: Path) -> SlotSharing:
+    defaults = SlotSharing()
     waits = {**defaults.max_queue_wait_s, **(raw.get("max_queue_wait_s") or {})}
-    admission = Admission(
+    admission = SlotSharing(
         standard_max_share=float(raw.get("standard_max_share", defaults.standard_max_share)),
         standard_min_share=float(raw.get("standard_min_share", defaults.standard_min_share)),
         max_queue_wait_s={tier: float(wait) for tier, wait in waits.items()},

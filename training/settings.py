@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from training.feedback import DEFAULT_FEEDBACK_FILE
+from training.rl.feedback import DEFAULT_FEEDBACK_FILE
 
 
 class TrainingSettings(BaseSettings):

@@ -32,7 +32,7 @@ from gateway.responses.output import (
 )
 from gateway.responses.protocol import ResponsesRequest
 from gateway.sse import UsageTally, event_payload, split_events
-from serving.tiers import ANSWER_SERVICE_TIERS, Tier
+from serving.vocabulary import ANSWER_SERVICE_TIERS, Tier
 
 #: Per text-bearing item kind: its content part, and the prefix of its text events.
 _PARTS = {"reasoning": "reasoning_text", "message": "output_text"}

@@ -25,10 +25,10 @@ from gateway.protocol import (
     Metadata,
     OpenAIModel,
     PlatformHints,
-    ReasoningEffort,
     ignored,
     refused,
 )
+from serving.vocabulary import ReasoningEffort, Verbosity
 
 #: Chat parameters the shared request checks may name, as a responses client knows them.
 RESPONSES_PARAMS = {"max_completion_tokens": "max_output_tokens", "messages": "input"}
@@ -142,7 +142,7 @@ class TextFormat(JsonSchemaFormat):
 
 class TextConfig(OpenAIModel):
     format: TextFormat | None = None
-    verbosity: Literal["low", "medium", "high"] | None = None
+    verbosity: Verbosity | None = None
 
 
 class ResponsesRequest(PlatformHints):

@@ -22,7 +22,7 @@ from billing.keyspace import Keyspace
 from billing.meter import AdmissionRequest, UsageReport
 from billing.settings import DEFAULT_PRICEBOOK_PATH, BillingSettings
 from gateway.keys import ApiKey, KeyStore
-from serving.tiers import Tier
+from serving.vocabulary import Tier
 
 REPO = Path(__file__).resolve().parents[2]
 CSTACK = str(Path(sys.executable).with_name("cstack"))

@@ -1,5 +1,5 @@
 """Exact integer prices per tier, the launch window's edges, and price-book validation that
-names the broken entry. (Which tier a request is billed in is serving.tiers's rule, tested
+names the broken entry. (Which tier a request is billed in is serving.vocabulary's rule, tested
 in tests/serving/test_tier_resolution.py.)"""
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ def test_vllm_image_ships_its_plugins_and_nothing_they_need_besides(
     assert name in _import_from(tmp_path, f"getattr(importlib.import_module({module!r}), {name!r})")
     # What a streamed push's worker imports, inside the extension's method.
     assert "open_group" in _import_from(
-        tmp_path, "dir(importlib.import_module('training.rollouts.weight_transport'))"
+        tmp_path, "dir(importlib.import_module('training.rl.rollouts.weight_transport'))"
     )
     # The cpu profile's reasoning parser plugin imports from the copies alone too.
     plugin = variants.engine_args("shared", "cpu")["reasoning-parser-plugin"]

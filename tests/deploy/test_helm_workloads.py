@@ -28,8 +28,8 @@ from billing.settings import BillingSettings
 from gateway.settings import GatewaySettings
 from serving.launcher import VllmServer
 from serving.settings import ServingSettings
-from serving.tiers import TIERS
 from serving.variants import load_variants
+from serving.vocabulary import TIERS
 from training.settings import TrainingSettings
 
 

@@ -11,7 +11,7 @@ goes through the `openai` SDK, including requests the meter refuses.
 Exempt from "returns data" (they must still evaluate without error), because no process
 here exports them:
 - cstack_rollouts_total, cstack_rollout_reward: no rollout worker runs in this stack (a
-  real worker's /metrics is checked in tests/training/rollouts/test_rollout_workers.py);
+  real worker's /metrics is checked in tests/training/rl/rollouts/test_rollout_workers.py);
 - cstack_policy_staleness: the RL loop observes it after an optimizer step that pushed new
   weights into vLLM through its dev endpoints; that loop is not run here (the session's
   vLLM is shared, and `cstack rl` starts a vLLM of its own);

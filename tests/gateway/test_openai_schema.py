@@ -22,7 +22,7 @@ from gateway_support import WEATHER_TOOL, GatewayServer
 from jsonschema import Draft202012Validator
 
 from gateway.sse import StreamRewriter, error_event
-from serving.tiers import ANSWER_SERVICE_TIERS, DEFAULT_TIER, SERVICE_TIERS, Tier
+from serving.vocabulary import ANSWER_SERVICE_TIERS, DEFAULT_TIER, SERVICE_TIERS, Tier
 
 pytestmark = pytest.mark.vllm
 

@@ -12,7 +12,7 @@ import pytest
 from gateway_support import ADMIN_TOKEN, GatewayServer, RecordingMeter
 from test_keys import cstack
 
-from serving.tiers import ANSWER_SERVICE_TIERS, Tier
+from serving.vocabulary import ANSWER_SERVICE_TIERS, Tier
 
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
 #: (requested service_tier, tier served for an org whose default is standard, ... fast)

@@ -27,7 +27,6 @@ from gateway.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     Policy,
-    ReasoningEffort,
     SamplingParams,
     field_policy,
     parse_request,
@@ -35,7 +34,8 @@ from gateway.protocol import (
 from gateway.settings import GatewaySettings
 from gateway.tiers import TierRoute
 from serving.settings import ServingSettings
-from serving.variants import REASONING_EFFORTS, load_variants
+from serving.variants import load_variants
+from serving.vocabulary import REASONING_EFFORTS, ReasoningEffort
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 MESSAGES: list[Any] = [{"role": "user", "content": "Say hello."}]
@@ -319,7 +319,7 @@ def test_applied_fields_are_validated(
 
 @pytest.mark.vllm
 def test_vllm_sampling_extensions_still_reach_vllm(client: openai.OpenAI) -> None:
-    """What this repo's own callers send (training/agent/client.py, bench/, tests)."""
+    """What this repo's own callers send (training/rl/agent/client.py, bench/, tests)."""
     answer = chat(
         client,
         seed=7,

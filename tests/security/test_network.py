@@ -322,7 +322,7 @@ def test_the_upstream_key_cannot_inject_headers() -> None:
 def test_weight_sync_sends_the_configured_key(
     keyed_engine: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from training.rollouts.weight_sync import VllmWeightSync
+    from training.rl.rollouts.weight_sync import VllmWeightSync
 
     monkeypatch.setenv("CSTACK_VLLM_API_KEY", KEY)
     sync = VllmWeightSync([keyed_engine], gate=None)  # type: ignore[arg-type]

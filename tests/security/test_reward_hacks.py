@@ -1,7 +1,7 @@
 """Every known reward hack, played by a scripted policy through the rollout environment on a
 freshly built task, earns nothing; the task's clean solution earns its reward unflagged.
 
-The attacks are the product's own (``training.tasks.attacks``, what `cstack tasks audit`
+The attacks are the product's own (``training.rl.tasks.attacks``, what `cstack tasks audit`
 plays), scored by the harness's reward and judged by the monitor as rollouts are. Before
 the scorer's bootstrap and the sandbox's Python view, the shadowing forgeries and the
 answer recovery earned 1.0 unflagged on real codebases; the in-process patches still earn a
@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from training.tasks.attacks import ATTACKS
-from training.tasks.audit import AuditRow, audit_task
-from training.tasks.builder import BuildConfig, build_tasks
+from training.rl.tasks.attacks import ATTACKS
+from training.rl.tasks.audit import AuditRow, audit_task
+from training.rl.tasks.builder import BuildConfig, build_tasks
 
-FIXTURE = Path(__file__).resolve().parents[1] / "training" / "tasks" / "fixture_repo"
+FIXTURE = Path(__file__).resolve().parents[1] / "training" / "rl" / "tasks" / "fixture_repo"
 
 
 @pytest.fixture(scope="module")

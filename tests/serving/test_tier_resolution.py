@@ -1,10 +1,10 @@
-"""Which tier a request is served and billed in: one rule, in serving.tiers."""
+"""Which tier a request is served and billed in: one rule, in serving.vocabulary."""
 
 from __future__ import annotations
 
 import pytest
 
-from serving.tiers import (
+from serving.vocabulary import (
     DEFAULT_TIER,
     PUBLIC_MODELS,
     TIERS,

@@ -117,7 +117,7 @@ def test_weight_sync_adds_dev_endpoints_and_the_reload_extension(tiny_model: Pat
     module, _, cls = extension.rpartition(".")
     # The class vLLM's workers will import must exist where the variants file says.
     assert hasattr(importlib.import_module(module), cls)
-    from training.rollouts.vllm_extension import WORKER_EXTENSION
+    from training.rl.rollouts.vllm_extension import WORKER_EXTENSION
 
     assert extension == WORKER_EXTENSION
 
