@@ -11,18 +11,16 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from serving.settings import CstackSettings
 
 DEFAULT_PRICEBOOK_PATH = Path(__file__).with_name("pricebook.yaml")
 
 
-class BillingSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="CSTACK_", extra="ignore")
-
+class BillingSettings(CstackSettings):
     #: Redis for admission state and the usage streams: one Redis (``redis://``,
     #: ``rediss://``, ``unix://``) or a Redis Cluster (``redis-cluster://`` or
     #: ``rediss-cluster://`` and one or more of its nodes, comma-separated).
-    redis_url: str = "redis://127.0.0.1:6379/0"
     #: The billing worker's Celery broker; empty: ``redis_url``. Celery cannot use a Redis
     #: Cluster, so a cluster deployment names a single Redis here.
     celery_broker_url: str = ""

@@ -218,7 +218,7 @@ def stack_checks(for_up: bool, for_tests: bool = False) -> list[Check]:
         ports.append((deploy.vllm_port, "vLLM", "CSTACK_VLLM_PORT"))
     checks += [check_port(deploy.host, port, what, var) for port, what, var in ports]
     checks.append(check_disk([(deploy.state_dir, RUN_BYTES, "the stack's state")]))
-    if deploy.redis_url:
+    if deploy.redis_url_given():
         checks.append(check_redis(deploy.redis_url))
     ledger_url = BillingSettings().ledger_url
     if not for_up and ledger_url.startswith(("postgresql", "postgres:")):

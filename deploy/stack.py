@@ -44,7 +44,8 @@ class LocalStack:
         self.settings = settings
         self.say = say
         self.valkey: Any = None
-        self.redis_url = settings.redis_url
+        #: An external Redis given by CSTACK_REDIS_URL; None: an embedded Valkey started here.
+        self.redis_url: str | None = settings.redis_url if settings.redis_url_given() else None
         self.vllm_url = ""
         #: What vLLM requires on /v1/* (set once vLLM is known; None: it requires none).
         self.vllm_api_key: str | None = None

@@ -19,23 +19,20 @@ from typing import Annotated
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import NoDecode
 
 from gateway.routing import RoutingPolicy
+from serving.settings import CstackSettings
 
 UrlList = Annotated[list[str], NoDecode]
 
 
-class GatewaySettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="CSTACK_", extra="ignore")
-
-    host: str = "127.0.0.1"
+class GatewaySettings(CstackSettings):
     #: The public API: /v1/*, the Stripe webhook, /healthz and /readyz.
     port: int = 8080
     #: /metrics and /admin/ (and the probes) answer only here: a port for Prometheus and
     #: operators that a network policy keeps off the public path.
     internal_port: int = 9464
-    redis_url: str = "redis://127.0.0.1:6379/0"
     #: Bearer token of the /admin/ API. No default: unset means the admin API answers 403.
     admin_token: SecretStr | None = None
 

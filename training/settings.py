@@ -5,14 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from pydantic import SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from serving.settings import CstackSettings
 from training.rl.feedback import DEFAULT_FEEDBACK_FILE
 
 
-class TrainingSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="CSTACK_", extra="ignore")
-
+class TrainingSettings(CstackSettings):
     # --- Trainer core: DCP checkpoints of `cstack train` when --checkpoint-dir is not given
     # (unset: none), and the port rank 0 serves Prometheus metrics on (unset: none) ---
     train_checkpoint_dir: Path | None = None
@@ -21,7 +19,6 @@ class TrainingSettings(BaseSettings):
     # --- RL loop (training/rl, agent, rollouts, tasks): owned by the RL engineer ---
     #: Celery broker and trajectory stream (the same CSTACK_REDIS_URL billing reads, unless
     #: that is a Redis Cluster: then a single Redis, as Celery needs).
-    redis_url: str = "redis://127.0.0.1:6379/0"
     #: Where rollouts call the policy: the gateway's OpenAI-compatible API, and its key.
     rl_policy_url: str = "http://127.0.0.1:8000/v1"
     rl_api_key: SecretStr = SecretStr("")
