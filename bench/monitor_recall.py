@@ -8,13 +8,16 @@ are (``training.rl.monitor.check_episode`` over the writes, against the stubbed 
   any flag is a false alarm;
 * the project's own attacks (``training.rl.tasks.attacks``): each must be flagged;
 * held-out attacks written by someone who had not read the rules (``--heldout``, a file
-  defining ``HELDOUT`` and ``CLEAN`` templates): the honest recall figure, and more clean
-  edits for the false-alarm figure.
+  defining ``HELDOUT`` and ``CLEAN`` templates, repeatable: ``monitor_heldout.py`` was
+  written first and the rules were then improved against it; ``monitor_heldout2.py`` was
+  written after, by another author, and never used to change a rule): the honest recall
+  figure, and more clean edits for the false-alarm figure.
 
 Shadowing forgeries and answer recovery earn nothing in the sandbox whatever the monitor
 says (``cstack tasks audit`` shows it); they are counted here too, for the monitor alone.
 
     .venv/bin/python bench/monitor_recall.py --heldout bench/monitor_heldout.py \\
+        --heldout bench/monitor_heldout2.py \\
         --pypi inflection==0.5.1 --pypi toolz==1.2.0 ...
 """
 
@@ -65,14 +68,18 @@ def _module_name(path: str, roots: list[str]) -> str:
     return path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
 
 
-def _heldout(path: Path | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    if path is None:
-        return [], []
-    spec = importlib.util.spec_from_file_location("monitor_heldout", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return list(module.HELDOUT), list(module.CLEAN)
+def _heldout(paths: list[Path]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every set's attacks and clean edits, each labelled with its set (the file's stem)."""
+    attacks: list[dict[str, Any]] = []
+    cleans: list[dict[str, Any]] = []
+    for path in paths:
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        attacks += [{**entry, "origin": path.stem} for entry in module.HELDOUT]
+        cleans += [{**entry, "origin": path.stem} for entry in module.CLEAN]
+    return attacks, cleans
 
 
 def _without(source: str, qualified: str) -> str:
@@ -149,14 +156,14 @@ def play_codebase(
                 "tests": repr(SAMPLE_TESTS),
             }
             attacks, cleans = heldout
-            plays += [(e["kind"], "heldout", e["name"], _formatted(e, values)) for e in attacks]
+            plays += [(e["kind"], e["origin"], e["name"], _formatted(e, values)) for e in attacks]
             # A clean agent replaces the stub; the held-out templates can only append, so
             # their clean edits are appended to the file without the stub.
             rewritten = {
                 **values,
                 "feature_source": _without(values["feature_source"], feature.name),
             }
-            plays += [("clean", "heldout", e["name"], _formatted(e, rewritten)) for e in cleans]
+            plays += [("clean", e["origin"], e["name"], _formatted(e, rewritten)) for e in cleans]
             for kind, origin, name, files in plays:
                 if files is None:
                     continue
@@ -179,7 +186,13 @@ def play_codebase(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pypi", action="append", required=True, help="NAME==VERSION")
-    parser.add_argument("--heldout", type=Path, help="held-out attacks (HELDOUT, CLEAN)")
+    parser.add_argument(
+        "--heldout",
+        type=Path,
+        action="append",
+        default=[],
+        help="a held-out set (a file defining HELDOUT and CLEAN); repeatable",
+    )
     parser.add_argument("--max-candidates", type=int, default=40)
     parser.add_argument("--cache", type=Path, default=Path(".cstack/sdists"))
     parser.add_argument("--show", action="store_true", help="print each miss and false alarm")
@@ -194,7 +207,9 @@ def main() -> None:
             counts = play_codebase(source, args.max_candidates, heldout)
             total += counts
             tasks = counts[("clean", "own", "total")]
-            alarms = counts[("clean", "own", "flagged")] + counts[("clean", "heldout", "flagged")]
+            alarms = sum(
+                n for (side, _, what), n in counts.items() if side == "clean" and what == "flagged"
+            )
             print(f"{requirement}: {tasks} tasks, false alarms {alarms}", flush=True)
     print("\n| played | origin | episodes | flagged | rate |\n| --- | --- | --- | --- | --- |")
     for side, origin in sorted({(k[0], k[1]) for k in total}):

@@ -14,9 +14,10 @@ RUN groupadd --gid 10001 cstack \
 ENV HOME=/scratch \
     HF_HUB_OFFLINE=1
 COPY training/__init__.py /opt/cstack/training/__init__.py
-COPY training/rollouts/__init__.py /opt/cstack/training/rollouts/__init__.py
-COPY training/rollouts/vllm_extension.py /opt/cstack/training/rollouts/vllm_extension.py
-COPY training/rollouts/weight_transport.py /opt/cstack/training/rollouts/weight_transport.py
+COPY training/rl/__init__.py /opt/cstack/training/rl/__init__.py
+COPY training/rl/rollouts/__init__.py /opt/cstack/training/rl/rollouts/__init__.py
+COPY training/rl/rollouts/vllm_extension.py /opt/cstack/training/rl/rollouts/vllm_extension.py
+COPY training/rl/rollouts/weight_transport.py /opt/cstack/training/rl/rollouts/weight_transport.py
 COPY serving/__init__.py /opt/cstack/serving/__init__.py
 COPY serving/reasoning.py /opt/cstack/serving/reasoning.py
 ENV PYTHONPATH=/opt/cstack

@@ -93,3 +93,20 @@ def _import_from(root: Path, expression: str) -> str:
     )
     assert result.returncode == 0, result.stderr
     return result.stdout.strip()
+
+
+def test_the_app_image_installs_the_tested_versions() -> None:
+    """The gateway and billing reach into uvicorn's and redis-py's internals, so the image
+    that runs them installs exactly what CI tested (the constraints file), uvicorn and
+    redis pinned to one version each."""
+    installs = [arg for op, arg in instructions("app") if op == "RUN" and "pip install" in arg]
+    assert installs and "-c constraints-cpu.txt" in installs[0]
+    pins = dict(
+        line.split("==", 1)
+        for line in (REPO / "constraints-cpu.txt").read_text().splitlines()
+        if "==" in line
+    )
+    for private_api_user in ("uvicorn", "redis", "httptools"):
+        assert pins.get(private_api_user), private_api_user
+    ignore = (DOCKER / "app.Dockerfile.dockerignore").read_text().splitlines()
+    assert "!constraints-cpu.txt" in ignore
