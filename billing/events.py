@@ -1,7 +1,9 @@
 """The usage event: one per request, keyed by the request id, priced at the request's start.
 
-It carries both the list cost and the allowance consumed so that the ledger, invoices and
-Stripe never have to re-price history with a newer price book.
+It carries both the list cost and the allowance cost (list / the promotion's multiplier)
+so that the ledger, invoices and Stripe never have to re-price history with a newer price
+book. How much of the allowance a request got is the ledger's to say (billing.allowance):
+it depends on the month's other requests.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from fractions import Fraction
 from typing import Any
 
 import pydantic_core
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 from billing.meter import Admission, Outcome, UsageReport
 from billing.pricing import PriceBook, charge
@@ -42,8 +44,12 @@ class UsageEvent(BaseModel):
     cached_tokens: int = Field(ge=0)
     completion_tokens: int = Field(ge=0)
     list_cost_nano_usd: int = Field(ge=0)
-    allowance_consumed_nano_usd: int = Field(ge=0)
-    #: "2x usage" during a promotion: allowance consumed x multiplier = list cost.
+    #: Events of releases before the promotion rule name it ``allowance_consumed_nano_usd``.
+    allowance_cost_nano_usd: int = Field(
+        ge=0,
+        validation_alias=AliasChoices("allowance_cost_nano_usd", "allowance_consumed_nano_usd"),
+    )
+    #: "2x usage" during a promotion: allowance cost x multiplier = list cost.
     promotion_multiplier: str = "1"
     promotion_id: str | None = None
     price_version: str
@@ -93,7 +99,7 @@ def usage_event_fields(book: PriceBook, admission: Admission, usage: UsageReport
         "cached_tokens": usage.cached_tokens,
         "completion_tokens": usage.completion_tokens,
         "list_cost_nano_usd": priced.list_cost_nano,
-        "allowance_consumed_nano_usd": priced.allowance_consumed_nano,
+        "allowance_cost_nano_usd": priced.allowance_cost_nano,
         "promotion_multiplier": str(priced.usage_multiplier),
         "promotion_id": priced.promotion_id,
         "price_version": priced.price_version,

@@ -31,4 +31,5 @@ def create_usage_reader(settings: BillingSettings | None = None) -> UsageReader:
     `cstack billing migrate` (or the billing worker) has created."""
     from billing.summary import LedgerUsageReader
 
-    return LedgerUsageReader((settings or BillingSettings()).ledger_url)
+    resolved = settings or BillingSettings()
+    return LedgerUsageReader(resolved.ledger_url, resolved.pricebook_path)

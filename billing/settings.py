@@ -52,8 +52,9 @@ class BillingSettings(BaseSettings):
     #: reaches the ledger through the disk spool either way. A Redis that accepted a command
     #: and then timed out always fails closed: the script may have run.
     admission_when_redis_down: Literal["fail_closed", "local_allowance"] = "local_allowance"
-    #: Per gateway and outage: worst-case cost of the requests in flight plus the actual
-    #: cost of those finished ($2 by default), and the number of requests admitted. A
+    #: Per gateway and outage: worst-case list cost of the requests in flight plus the
+    #: actual list cost of those finished ($2 by default), and the number of requests
+    #: admitted. A
     #: `cstack gateway --workers N` gives each worker process 1/N (gateway/workers.py).
     redis_down_allowance_nano_usd: int = Field(default=2_000_000_000, ge=0)
     redis_down_allowance_requests: int = Field(default=500, ge=0)

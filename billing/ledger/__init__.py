@@ -1,6 +1,6 @@
 """The usage ledger (SQL): append-only usage rows, adjustments, Stripe reporting state."""
 
-from billing.ledger.database import make_engine, migrate
+from billing.ledger.database import make_engine, migrate, schema_is_current
 from billing.ledger.schema import (
     Base,
     InvoiceChange,
@@ -24,4 +24,5 @@ __all__ = [
     "insert_usage_events",
     "make_engine",
     "migrate",
+    "schema_is_current",
 ]

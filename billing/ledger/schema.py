@@ -53,7 +53,9 @@ class UsageRow(Base):
     cached_tokens: Mapped[int] = mapped_column(BigInteger)
     completion_tokens: Mapped[int] = mapped_column(BigInteger)
     list_cost_nano_usd: Mapped[int] = mapped_column(BigInteger)
-    allowance_consumed_nano_usd: Mapped[int] = mapped_column(BigInteger)
+    #: List cost / promotion multiplier: what the request takes of the allowance while
+    #: enough is left (billing.allowance decides, in start order, how much it got).
+    allowance_cost_nano_usd: Mapped[int] = mapped_column(BigInteger)
     promotion_multiplier: Mapped[str] = mapped_column(String(40))
     promotion_id: Mapped[str | None] = mapped_column(String(100))
     price_version: Mapped[str] = mapped_column(String(100))
@@ -69,7 +71,8 @@ class UsageRow(Base):
 
 
 class UsageAdjustment(Base):
-    """A correction to the ledger: deltas, never an edit of a usage row."""
+    """A correction to the amount due: never an edit of a usage row, and outside the
+    allowance (it is added to, or credited from, what the invoice charges)."""
 
     __tablename__ = "usage_adjustments"
 
@@ -80,7 +83,6 @@ class UsageAdjustment(Base):
     tier: Mapped[str] = mapped_column(String(20))
     effective_at: Mapped[datetime] = mapped_column(UTCDateTime)
     list_cost_delta_nano_usd: Mapped[int] = mapped_column(BigInteger)
-    allowance_delta_nano_usd: Mapped[int] = mapped_column(BigInteger)
     reason: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
 

@@ -207,24 +207,28 @@ async def test_stripe_invoices_the_ledger_to_the_cent_through_the_billing_path(
             "standard.output.2026-10-01": 13,  # 12.5c, rounded once, half up
             "standard.input.2026-11-16": 1,  # 34,334 x $0.40/1M = 1.37c
             "standard.output.2026-11-16": 2,  # 8,776 x $2/1M = 1.76c
-            "promotion": -39,  # half of the promotion's $0.7703984 list cost
+            # r5 finds $0.3341128 of allowance left, which covers twice that of its list
+            # cost: the promotion's credit is $0.3341128, the rest of r5 and all of r6
+            # ($0.1021728) are overage at list price.
+            "promotion": -33,
             "allowance": -100,  # the whole $1.00: crossed during the promotion
         }
         agreed = reconcile(env, "2026-11", org)
         assert agreed.exit_code == 0, agreed.output
         assert "agree" in agreed.stdout
-        assert stripe_total(settings, "2026-11") == preview.total_cents == 5
+        assert stripe_total(settings, "2026-11") == preview.total_cents == 11
 
         # Usage that arrives after November was posted: only the lines it changes move.
         await settle(meter, org, *LATE)
         consumer.drain(max_seconds=30)
         late = sync_stripe(engine, book, settings, december_first + timedelta(hours=1))
-        assert (late.planned, late.sent) == (2, 2)  # fast.output.2026-11-16 +5c, promotion -2c
+        # Past the allowance: overage at list, fast.output.2026-11-16 +5c and nothing else.
+        assert (late.planned, late.sent) == (1, 1)
         assert reconcile(env, "2026-11", org).exit_code == 0
         assert (
             stripe_total(settings, "2026-11")
             == invoice_preview(engine, book, org, "2026-11").total_cents
-            == 8
+            == 16
         )
 
         # December: the promotion ends on the 4th; every line rounds on its own.
@@ -246,8 +250,8 @@ async def test_stripe_invoices_the_ledger_to_the_cent_through_the_billing_path(
             "allowance": -2,
         }
         assert stripe_total(settings, "2026-12") == 0
-        # Stripe's own upcoming invoice carries both months' pending items: 8c + 0c.
-        assert "Stripe's upcoming invoice for cus_recon (all pending items): $0.08" in (
+        # Stripe's own upcoming invoice carries both months' pending items: 16c + 0c.
+        assert "Stripe's upcoming invoice for cus_recon (all pending items): $0.16" in (
             december.stdout
         )
 

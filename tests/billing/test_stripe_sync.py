@@ -93,7 +93,7 @@ def usage(
         cached_tokens=0,
         completion_tokens=completion,
         list_cost_nano_usd=priced.list_cost_nano,
-        allowance_consumed_nano_usd=priced.allowance_consumed_nano,
+        allowance_cost_nano_usd=priced.allowance_cost_nano,
         promotion_multiplier=str(priced.usage_multiplier),
         promotion_id=priced.promotion_id,
         price_version=priced.price_version,
@@ -231,7 +231,6 @@ def test_invoice_items_mirror_the_ledger_once_across_failures_and_lost_commits(
             org_id="org-a",
             tier="fast",
             list_cost_delta_nano_usd=-50_000_000,
-            allowance_delta_nano_usd=-50_000_000,
             reason="goodwill credit",
             effective_at=nov(15),
         )

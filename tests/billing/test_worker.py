@@ -43,7 +43,7 @@ def usage_event(n: int) -> UsageEvent:
         cached_tokens=0,
         completion_tokens=1,
         list_cost_nano_usd=n * 500 + 2500,
-        allowance_consumed_nano_usd=n * 500 + 2500,
+        allowance_cost_nano_usd=n * 500 + 2500,
         price_version="2026-11-01",
         started_at=AT,
         ended_at=AT,
