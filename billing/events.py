@@ -17,6 +17,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 from billing.meter import Admission, Outcome, UsageReport
 from billing.pricing import PriceBook, charge
+from billing.reporting import RECEIPTS_PATH
 from serving.tiers import Tier
 
 EVENT_SCHEMA_VERSION = 1
@@ -43,6 +44,10 @@ class UsageEvent(BaseModel):
     prompt_tokens: int = Field(ge=0)
     cached_tokens: int = Field(ge=0)
     completion_tokens: int = Field(ge=0)
+    #: Of the completion tokens, those spent reasoning (None: vLLM did not say).
+    reasoning_tokens: int | None = Field(default=None, ge=0)
+    #: The client's own ``x-request-id``, if it sent one.
+    client_request_id: str | None = Field(default=None, max_length=128)
     list_cost_nano_usd: int = Field(ge=0)
     #: Events of releases before the promotion rule name it ``allowance_consumed_nano_usd``.
     allowance_cost_nano_usd: int = Field(
@@ -98,6 +103,8 @@ def usage_event_fields(book: PriceBook, admission: Admission, usage: UsageReport
         "prompt_tokens": usage.prompt_tokens,
         "cached_tokens": usage.cached_tokens,
         "completion_tokens": usage.completion_tokens,
+        "reasoning_tokens": usage.reasoning_tokens,
+        "client_request_id": usage.client_request_id,
         "list_cost_nano_usd": priced.list_cost_nano,
         "allowance_cost_nano_usd": priced.allowance_cost_nano,
         "promotion_multiplier": str(priced.usage_multiplier),
@@ -117,3 +124,31 @@ def usage_event_json(fields: dict[str, Any]) -> str:
 def usage_event(book: PriceBook, admission: Admission, usage: UsageReport) -> UsageEvent:
     """The validated event of a finished request."""
     return UsageEvent(**usage_event_fields(book, admission, usage))
+
+
+def answer_cost(book: PriceBook, usage: UsageReport) -> dict[str, Any]:
+    """What a request costs, as its answer's ``usage.cstack_cost``: priced as its usage
+    event is (the same tokens, tier, model and start), so the ledger says the same. How
+    much the allowance covers is the month's to say: its receipt, at ``receipt``."""
+    priced = charge(
+        book,
+        tier=usage.tier,
+        model=usage.model,
+        prompt_tokens=usage.prompt_tokens,
+        cached_tokens=usage.cached_tokens,
+        completion_tokens=usage.completion_tokens,
+        at=usage.started_at,
+    )
+    promotion = (
+        {"id": priced.promotion_id, "usage_multiplier": str(priced.usage_multiplier)}
+        if priced.promotion_id
+        else None
+    )
+    return {
+        "currency": "usd",
+        "price_version": priced.price_version,
+        "list_cost_nano_usd": priced.list_cost_nano,
+        "promotion": promotion,
+        "allowance_cost_nano_usd": priced.allowance_cost_nano,
+        "receipt": f"{RECEIPTS_PATH}/{usage.request_id}",
+    }

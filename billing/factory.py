@@ -29,7 +29,11 @@ def create_meter(settings: BillingSettings | None = None, *, redis_url: str | No
 def create_usage_reader(settings: BillingSettings | None = None) -> UsageReader:
     """The real UsageReader: queries the SQL ledger at ``settings.ledger_url``, whose schema
     `cstack billing migrate` (or the billing worker) has created."""
-    from billing.summary import LedgerUsageReader
+    from billing.usage_reader import LedgerUsageReader
 
     resolved = settings or BillingSettings()
-    return LedgerUsageReader(resolved.ledger_url, resolved.pricebook_path)
+    return LedgerUsageReader(
+        resolved.ledger_url,
+        resolved.pricebook_path,
+        invoice_grace_s=resolved.stripe_invoice_grace_s,
+    )

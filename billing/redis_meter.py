@@ -29,7 +29,7 @@ from billing import metrics
 from billing.ahead import ADMIT_AHEAD_SCRIPT, RELEASE_AHEAD_SCRIPT, AdmissionsAhead, headroom
 from billing.batching import Script, ScriptBatcher
 from billing.cluster import ClusterScripts
-from billing.events import usage_event_fields, usage_event_json
+from billing.events import answer_cost, usage_event_fields, usage_event_json
 from billing.headers import admission_headers
 from billing.keyspace import Keyspace
 from billing.lua import ADMIT, RENEW
@@ -360,6 +360,13 @@ class RedisMeter:
         if reservation != usage.request_id:  # an admission made ahead: its own id
             record["reservation"] = reservation
         return record
+
+    def usage_cost(self, usage: UsageReport) -> dict[str, Any] | None:
+        try:
+            return answer_cost(self.book, usage)
+        except Exception:  # an answer goes out without its cost rather than not at all
+            logger.exception("cannot price the answer of request %s", usage.request_id)
+            return None
 
     def _included(self, plan: str) -> int:
         """The allowance of ``plan`` (settlement bills a plan gone from the book as overage)."""

@@ -7,22 +7,17 @@ a correction shows up where it applies without rewriting history.
 
 from __future__ import annotations
 
-import asyncio
 from collections import defaultdict
 from datetime import UTC, date, datetime, time, timedelta
-from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, func, inspect, literal, select
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy import Connection, Engine, func, literal, select
 
 from billing.allowance import Split, month_allowance
-from billing.ledger import UsageAdjustment, UsageRow, make_engine, schema_is_current
+from billing.ledger import UsageAdjustment, UsageRow
 from billing.money import format_nano_usd
 from billing.periods import period_bounds, period_of
 from billing.pricebook import PriceBook
-from billing.pricing import pricebook_from_path
-from billing.reporting import UsageUnavailable
 
 #: Per bucket: list cost = what the allowance covered + overage; the amount due is the
 #: overage plus adjustments.
@@ -175,57 +170,3 @@ def usage_summary(
         "totals": _with_money_strings(totals),
         "data": data,
     }
-
-
-class LedgerUsageReader:
-    """The ``UsageReader`` the gateway serves ``GET /v1/usage`` with: queries, nothing else.
-
-    It never creates or migrates tables: a schema change belongs to `cstack billing
-    migrate` (the billing worker runs it when it starts), not to a request. Until the
-    schema is there, and while the database is unreachable, it raises ``UsageUnavailable``.
-    """
-
-    TABLES = (UsageRow.__tablename__, UsageAdjustment.__tablename__)
-
-    def __init__(self, ledger_url: str, pricebook_path: Path) -> None:
-        # No connection yet: SQLAlchemy connects on the first query.
-        self._engine = make_engine(ledger_url)
-        self._pricebook_path = pricebook_path
-
-    async def usage_summary(
-        self, org_id: str, start: date | None = None, end: date | None = None
-    ) -> dict[str, Any]:
-        return await asyncio.to_thread(self._read, org_id, start, end)
-
-    def _read(self, org_id: str, start: date | None, end: date | None) -> dict[str, Any]:
-        try:
-            book = pricebook_from_path(self._pricebook_path)
-            return usage_summary(self._engine, book, org_id, start, end)
-        except SQLAlchemyError as exc:
-            reason = self._unavailable_reason()
-            if reason is None:
-                raise  # the schema is there and the database answers: a bug, not an outage
-            raise UsageUnavailable(reason) from exc
-
-    def _unavailable_reason(self) -> str | None:
-        """Why the ledger cannot answer when an operator has something to fix, else None."""
-        try:
-            inspector = inspect(self._engine)
-            missing = [name for name in self.TABLES if not inspector.has_table(name)]
-        except SQLAlchemyError as exc:
-            # The driver's message may contain the URL (with a password): its type only.
-            return f"the usage ledger is unreachable ({type(exc).__name__}); retry shortly"
-        if missing:
-            return (
-                "the usage ledger has no schema yet; run `cstack billing migrate` (the "
-                "billing worker does when it starts)"
-            )
-        if not schema_is_current(self._engine):
-            return (
-                "the usage ledger's schema is older than this release; run `cstack billing "
-                "migrate` (the billing worker does when it starts)"
-            )
-        return None
-
-    async def aclose(self) -> None:
-        self._engine.dispose()

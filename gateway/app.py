@@ -13,7 +13,6 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, replace
-from datetime import date
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -22,13 +21,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from billing.meter import Meter
 from billing.redis_client import AsyncClient, async_client, connect_early
-from billing.reporting import UsageReader, UsageUnavailable
+from billing.reporting import UsageReader
 from gateway.admin import build_admin_router
 from gateway.auth import Authenticator
 from gateway.capacity import SlotPolicy, share, slot_policies
 from gateway.errors import (
     GatewayError,
-    bad_request,
     gateway_error_handler,
     http_exception_handler,
     validation_error_handler,
@@ -41,6 +39,7 @@ from gateway.relay import Relay
 from gateway.settings import GatewaySettings
 from gateway.tiers import TierRouter
 from gateway.upstream import Upstreams
+from gateway.usage_routes import READ_METHODS, add_usage_routes
 from serving.profile import detect_profile
 from serving.settings import ServingSettings
 from serving.tiers import PUBLIC_MODELS, TIERS
@@ -49,8 +48,6 @@ from serving.variants import load_variants
 logger = logging.getLogger(__name__)
 
 MODELS_CREATED = 1_767_225_600  # 2026-01-01, the family's launch date
-#: Every read route answers HEAD as GET without a body (uvicorn drops it), auth included.
-READ_METHODS = ["GET", "HEAD"]
 
 
 def create_app(
@@ -188,7 +185,8 @@ def _add_generation_routes(app: FastAPI, generation: GenerationHandler) -> None:
 
 
 def _add_account_routes(app: FastAPI, auth: Authenticator, usage: UsageReader) -> None:
-    """What a key may read about itself: the models it can call, its org's usage."""
+    """What a key may read about itself: the models it can call, its org's usage and
+    receipts (gateway.usage_routes)."""
     models_body = {
         "object": "list",
         "data": [
@@ -202,25 +200,7 @@ def _add_account_routes(app: FastAPI, auth: Authenticator, usage: UsageReader) -
         await auth.authenticate(request.headers.get("authorization"))
         return JSONResponse(models_body)
 
-    @app.api_route("/v1/usage", methods=READ_METHODS)
-    async def usage_summary(request: Request) -> JSONResponse:
-        principal = await auth.authenticate(request.headers.get("authorization"))
-        start = parse_date(request.query_params.get("start"), "start")
-        end = parse_date(request.query_params.get("end"), "end")
-        if start and end and start > end:
-            raise bad_request("start: must not be after end", param="start")
-        try:
-            summary = await usage.usage_summary(principal.key.org_id, start, end)
-        except UsageUnavailable as exc:
-            # The reason is for operators (it names commands to run); clients get a retry.
-            logger.warning("GET /v1/usage unavailable: %s", exc)
-            raise GatewayError(
-                503,
-                "Usage data is temporarily unavailable; retry shortly.",
-                type="server_error",
-                code="usage_unavailable",
-            ) from None
-        return JSONResponse(summary)
+    add_usage_routes(app, auth, usage)
 
 
 def _add_operations_routes(app: FastAPI, upstreams: Upstreams, metrics: GatewayMetrics) -> None:
@@ -240,14 +220,3 @@ def _add_operations_routes(app: FastAPI, upstreams: Upstreams, metrics: GatewayM
     @app.api_route("/metrics", methods=READ_METHODS)
     async def prometheus_metrics() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
-
-
-def parse_date(value: str | None, param: str) -> date | None:
-    if value is None or value == "":
-        return None
-    try:
-        return date.fromisoformat(value)
-    except ValueError:
-        raise bad_request(
-            f"{param}: expected a date as YYYY-MM-DD, got {value!r}", param=param
-        ) from None

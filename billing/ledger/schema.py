@@ -52,6 +52,11 @@ class UsageRow(Base):
     prompt_tokens: Mapped[int] = mapped_column(BigInteger)
     cached_tokens: Mapped[int] = mapped_column(BigInteger)
     completion_tokens: Mapped[int] = mapped_column(BigInteger)
+    #: Of the completion tokens, those spent reasoning (None: not recorded, rows written
+    #: before receipts were).
+    reasoning_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    #: The client's own ``x-request-id``, when it sent one (receipts can be found by it).
+    client_request_id: Mapped[str | None] = mapped_column(String(128))
     list_cost_nano_usd: Mapped[int] = mapped_column(BigInteger)
     #: List cost / promotion multiplier: what the request takes of the allowance while
     #: enough is left (billing.allowance decides, in start order, how much it got).
@@ -67,6 +72,8 @@ class UsageRow(Base):
     __table_args__ = (
         Index("ix_usage_events_org_started", "org_id", "started_at"),
         Index("ix_usage_events_customer", "customer_id"),
+        Index("ix_usage_events_org_key_started", "org_id", "key_id", "started_at"),
+        Index("ix_usage_events_org_client_request", "org_id", "client_request_id"),
     )
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from billing_support import admission_request, write_test_book
+from billing_support import admission_request, hand_event, write_test_book
 from sqlalchemy import Engine, select
 
 from billing.allowance import Split, budget_units, month_allowance, split
@@ -95,26 +95,17 @@ LATE = ("q7", at(9, 23), "fast", "v1", 1_000, 0, 1_000, 1_000 * 3000 + 1_000 * 1
 
 def event(org: str, row: tuple[object, ...]) -> UsageEvent:
     request_id, started, tier, version, prompt, cached, completion, list_cost, m = row
-    multiplier = Fraction(str(m))
-    return UsageEvent(
-        event_id=f"{org}-{request_id}",
-        org_id=org,
-        key_id="key-hand",
-        customer_id="cus_hand",
-        plan="hand",
-        model="composer-2.5",
-        tier=tier,  # type: ignore[arg-type]
-        prompt_tokens=prompt,  # type: ignore[arg-type]
-        cached_tokens=cached,  # type: ignore[arg-type]
-        completion_tokens=completion,  # type: ignore[arg-type]
-        list_cost_nano_usd=list_cost,  # type: ignore[arg-type]
-        allowance_cost_nano_usd=int(list_cost / multiplier),  # type: ignore[operator]
-        promotion_multiplier=str(multiplier),
-        promotion_id="mid-month" if multiplier != 1 else None,
-        price_version=str(version),
-        started_at=started,  # type: ignore[arg-type]
-        ended_at=started,  # type: ignore[arg-type]
-        outcome="complete",
+    return hand_event(
+        org,
+        str(request_id),
+        started,  # type: ignore[arg-type]
+        tier=str(tier),
+        version=str(version),
+        prompt=prompt,  # type: ignore[arg-type]
+        cached=cached,  # type: ignore[arg-type]
+        completion=completion,  # type: ignore[arg-type]
+        list_cost=list_cost,  # type: ignore[arg-type]
+        multiplier=str(m),
     )
 
 

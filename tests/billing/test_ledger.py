@@ -19,7 +19,8 @@ from billing.ledger import UsageRow, add_adjustment, insert_usage_events, make_e
 from billing.pricing import load_pricebook
 from billing.reporting import UsageUnavailable
 from billing.settings import DEFAULT_PRICEBOOK_PATH, BillingSettings
-from billing.summary import LedgerUsageReader, usage_summary
+from billing.summary import usage_summary
+from billing.usage_reader import LedgerUsageReader
 
 DAY_ONE = datetime(2026, 11, 3, 10, 0, tzinfo=UTC)
 DAY_TWO = datetime(2026, 11, 4, 23, 59, 59, tzinfo=UTC)

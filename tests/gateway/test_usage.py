@@ -15,7 +15,7 @@ from sqlalchemy import text
 
 from billing.ledger import make_engine, migrate
 from billing.settings import DEFAULT_PRICEBOOK_PATH
-from billing.summary import LedgerUsageReader
+from billing.usage_reader import LedgerUsageReader
 
 
 def test_usage_is_a_503_until_the_ledger_is_migrated(
