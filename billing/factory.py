@@ -1,4 +1,4 @@
-"""The two objects the gateway gets from billing, built from ``BillingSettings``.
+"""The objects the gateway gets from billing, built from ``BillingSettings``.
 
 The implementations are imported when called: this module is re-exported by
 ``billing/__init__``, which every import of a billing contract runs, and they bring Redis
@@ -7,6 +7,7 @@ and SQLAlchemy with them.
 
 from __future__ import annotations
 
+from billing.accounts import BillingAccounts
 from billing.meter import Meter
 from billing.reporting import UsageReader
 from billing.settings import BillingSettings
@@ -37,3 +38,10 @@ def create_usage_reader(settings: BillingSettings | None = None) -> UsageReader:
         resolved.pricebook_path,
         invoice_grace_s=resolved.stripe_invoice_grace_s,
     )
+
+
+def create_accounts(settings: BillingSettings | None = None) -> BillingAccounts:
+    """The real BillingAccounts: the ledger's record of each org's Stripe customer."""
+    from billing.customers import LedgerAccounts
+
+    return LedgerAccounts((settings or BillingSettings()).ledger_url)

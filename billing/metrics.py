@@ -68,3 +68,9 @@ stripe_last_success = Gauge(
     "When a Stripe sync last succeeded.",
     multiprocess_mode="livemax",
 )
+orgs_without_stripe_customer = Gauge(
+    "cstack_orgs_without_stripe_customer",
+    "Orgs with usage this month or last and no Stripe customer: their usage is not "
+    "invoiced until an admin sets one (the billing worker's log names them).",
+    multiprocess_mode="livemax",
+)

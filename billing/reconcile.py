@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import stripe
 from sqlalchemy import Connection, Engine, exists, select
 
+from billing.customers import org_customer
 from billing.invoice import read_invoice
 from billing.ledger import StripeInvoiceItem, UsageAdjustment, UsageRow
 from billing.money import format_cents
@@ -28,7 +29,7 @@ from billing.stripe_api import (
     list_invoice_items,
     upcoming_invoice_total,
 )
-from billing.stripe_sync import customer_for, pending_items
+from billing.stripe_sync import pending_items
 
 
 class CannotReconcile(ValueError):
@@ -116,7 +117,7 @@ def _org_known(connection: Connection, org_id: str) -> bool:
 
 
 def stripe_customers(connection: Connection, org_id: str, period: str) -> list[str]:
-    """Customers that may hold the period's items: those posted to, and the current one."""
+    """Customers that may hold the period's items: those posted to, and the org's own."""
     customers = set(
         connection.execute(
             select(StripeInvoiceItem.customer_id)
@@ -124,16 +125,7 @@ def stripe_customers(connection: Connection, org_id: str, period: str) -> list[s
             .distinct()
         ).scalars()
     )
-    current = (
-        customer_for(connection, org_id, period)
-        or connection.execute(
-            # No usage in the period: the org's latest customer (whose items must then be none).
-            select(UsageRow.customer_id)
-            .where(UsageRow.org_id == org_id, UsageRow.customer_id.is_not(None))
-            .order_by(UsageRow.id.desc())
-            .limit(1)
-        ).scalar_one_or_none()
-    )
+    current = org_customer(connection, org_id)
     if current is not None:
         customers.add(current)
     return sorted(customers)

@@ -32,8 +32,9 @@ from sqlalchemy import Connection, Engine, Row, delete, func, insert, select, up
 from sqlalchemy.exc import IntegrityError
 
 from billing import metrics
+from billing.customers import org_customer, orgs_without_customer
 from billing.invoice import read_invoice
-from billing.ledger import InvoiceChange, StripeInvoiceItem, UsageRow
+from billing.ledger import InvoiceChange, OrgCustomer, StripeInvoiceItem
 from billing.periods import period_bounds, period_of
 from billing.pricebook import PriceBook, PriceBookError
 from billing.settings import BillingSettings
@@ -84,25 +85,13 @@ def first_open_period(now: datetime, settings: BillingSettings) -> str | None:
     return period_of(now - timedelta(seconds=settings.stripe_invoice_grace_s))
 
 
-def customer_for(connection: Connection, org_id: str, period: str) -> str | None:
-    """The Stripe customer of the org's latest usage in the period that names one."""
-    lower, upper = period_bounds(period)
-    return connection.execute(
-        select(UsageRow.customer_id)
-        .where(UsageRow.org_id == org_id, UsageRow.customer_id.is_not(None))
-        .where(UsageRow.started_at >= lower, UsageRow.started_at < upper)
-        .order_by(UsageRow.id.desc())
-        .limit(1)
-    ).scalar_one_or_none()
-
-
 def plan_period(
     connection: Connection, book: PriceBook, org_id: str, period: str, now: datetime
 ) -> int:
     """Record the items that bring Stripe to the ledger's invoice; returns how many."""
-    customer = customer_for(connection, org_id, period)
+    customer = org_customer(connection, org_id)
     if customer is None:
-        return 0  # not billed through Stripe; a later write that names a customer re-queues
+        return 0  # never dequeued: planned once the org has a customer
     invoice = read_invoice(connection, book, org_id, period)
     planned_cents: dict[str, int] = defaultdict(int)
     revisions: dict[str, int] = {}
@@ -155,8 +144,14 @@ def plan_period(
 def plan_changed_invoices(
     engine: Engine, book: PriceBook, settings: BillingSettings, now: datetime
 ) -> tuple[int, int]:
-    """Plan every queued period that is due; returns (items planned, periods that failed)."""
-    query = select(InvoiceChange).order_by(InvoiceChange.period, InvoiceChange.org_id)
+    """Plan every queued period that is due; returns (items planned, periods that failed).
+    Periods of orgs without a Stripe customer stay queued until they have one."""
+    with_customer = select(OrgCustomer.org_id).where(OrgCustomer.customer_id.is_not(None))
+    query = (
+        select(InvoiceChange)
+        .where(InvoiceChange.org_id.in_(with_customer))
+        .order_by(InvoiceChange.period, InvoiceChange.org_id)
+    )
     open_from = first_open_period(now, settings)
     if open_from is not None:
         query = query.where(InvoiceChange.period < open_from)
@@ -287,11 +282,28 @@ def pending_items(engine: Engine, org_id: str, period: str) -> int:
         )
 
 
+def count_orgs_without_customer(engine: Engine, now: datetime) -> list[str]:
+    """Orgs with usage this month or last and no Stripe customer: counted by a metric
+    (alert ``OrgsWithoutStripeCustomer``) and logged."""
+    since = period_bounds(period_of(period_bounds(period_of(now))[0] - timedelta(days=1)))[0]
+    with engine.connect() as connection:
+        orgs = orgs_without_customer(connection, since)
+    metrics.orgs_without_stripe_customer.set(len(orgs))
+    if orgs:
+        logger.warning(
+            "%d org(s) with usage have no Stripe customer, so it is not invoiced: %s",
+            len(orgs),
+            ", ".join(orgs[:20]) + (" ..." if len(orgs) > 20 else ""),
+        )
+    return orgs
+
+
 def sync_stripe(
     engine: Engine, book: PriceBook, settings: BillingSettings, now: datetime | None = None
 ) -> SyncResult:
     """One sync run: plan the changed invoices that are due, then send what is pending."""
     current = now or datetime.now(UTC)
+    count_orgs_without_customer(engine, current)
     planned, plan_errors = plan_changed_invoices(engine, book, settings, current)
     sent, failed = send_invoice_items(engine, stripe_client(settings), settings, current)
     if failed or plan_errors:

@@ -19,6 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from billing.accounts import BillingAccounts, UnbilledAccounts
 from billing.meter import Meter
 from billing.redis_client import AsyncClient, async_client, connect_early
 from billing.reporting import UsageReader
@@ -51,13 +52,21 @@ MODELS_CREATED = 1_767_225_600  # 2026-01-01, the family's launch date
 
 
 def create_app(
-    settings: GatewaySettings, meter: Meter, usage: UsageReader, *, worker: int = 0
+    settings: GatewaySettings,
+    meter: Meter,
+    usage: UsageReader,
+    *,
+    accounts: BillingAccounts | None = None,
+    worker: int = 0,
 ) -> FastAPI:
-    """``worker``: this process's index among ``settings.gateway_workers`` (gateway/workers.py)."""
+    """``accounts``: where the admin API records orgs' Stripe customers (none: billing is
+    off). ``worker``: this process's index among ``settings.gateway_workers``
+    (gateway/workers.py)."""
+    accounts = accounts or UnbilledAccounts()
     parts = _build_parts(settings, meter, worker)
     app = FastAPI(
         title="composer-stack gateway",
-        lifespan=_lifespan(parts, meter, usage),
+        lifespan=_lifespan(parts, meter, usage, accounts),
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
@@ -75,7 +84,7 @@ def create_app(
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     _add_generation_routes(app, parts.generation)
     # After the hot routes: Starlette tries routes in order.
-    app.include_router(build_admin_router(parts.store, parts.auth))
+    app.include_router(build_admin_router(parts.store, parts.auth, accounts))
     _add_account_routes(app, parts.auth, usage)
     _add_operations_routes(app, parts.upstreams, parts.metrics)
     return app
@@ -147,7 +156,7 @@ def worker_slot_policies(
 
 
 def _lifespan(
-    parts: _Parts, meter: Meter, usage: UsageReader
+    parts: _Parts, meter: Meter, usage: UsageReader, accounts: BillingAccounts
 ) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -157,6 +166,7 @@ def _lifespan(
             closing.push_async_callback(parts.redis.aclose)  # type: ignore[attr-defined]
             await connect_early(parts.redis)
             closing.push_async_callback(usage.aclose)
+            closing.push_async_callback(accounts.aclose)
             closing.push_async_callback(meter.aclose)
             await parts.upstreams.start()
             closing.push_async_callback(parts.upstreams.aclose)

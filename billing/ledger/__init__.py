@@ -4,6 +4,7 @@ from billing.ledger.database import make_engine, migrate, schema_is_current
 from billing.ledger.schema import (
     Base,
     InvoiceChange,
+    OrgCustomer,
     OrgSuspension,
     StripeInvoiceItem,
     StripeWebhookEvent,
@@ -15,6 +16,7 @@ from billing.ledger.writes import add_adjustment, insert_usage_events
 __all__ = [
     "Base",
     "InvoiceChange",
+    "OrgCustomer",
     "OrgSuspension",
     "StripeInvoiceItem",
     "StripeWebhookEvent",

@@ -147,6 +147,16 @@ class StripeInvoiceItem(Base):
     )
 
 
+class OrgCustomer(Base):
+    """The Stripe customer an org's invoices go to (none: its usage waits for one)."""
+
+    __tablename__ = "org_customers"
+
+    org_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    customer_id: Mapped[str | None] = mapped_column(String(200), index=True)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
 class StripeWebhookEvent(Base):
     """Webhook events already handled (Stripe delivers at least once)."""
 

@@ -18,7 +18,9 @@ from typing import Any
 
 import yaml
 from redis.asyncio import Redis
+from sqlalchemy import Engine
 
+from billing.customers import set_org_customer
 from billing.events import UsageEvent
 from billing.keyspace import Keyspace
 from billing.meter import AdmissionRequest, UsageReport
@@ -166,6 +168,13 @@ def hand_event(
         ended_at=started,
         outcome="complete",
     )
+
+
+def set_customers(engine: Engine, customers: dict[str, str | None]) -> None:
+    """Each org's Stripe customer, as an admin sets it (``cstack keys customer``)."""
+    with engine.begin() as connection:
+        for org, customer in customers.items():
+            set_org_customer(connection, org, customer, datetime.now(UTC))
 
 
 def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import redis
-from billing_support import StripeStandIn, keyspace, write_test_book
+from billing_support import StripeStandIn, keyspace, set_customers, write_test_book
 from pydantic import SecretStr
 from typer.testing import CliRunner
 
@@ -167,6 +167,7 @@ async def test_stripe_invoices_the_ledger_to_the_cent_through_the_billing_path(
     book = load_pricebook(book_path)
     engine = make_engine(ledger_url)
     migrate(engine)
+    set_customers(engine, {org: CUSTOMER})
     client = redis.Redis.from_url(settings.redis_url)
     consumer = UsageStreamConsumer(client, engine, settings)
     meter = RedisMeter(settings, book=book)

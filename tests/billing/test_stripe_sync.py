@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 import stripe
-from billing_support import StripeStandIn, write_test_book
+from billing_support import StripeStandIn, set_customers, write_test_book
+from prometheus_client import REGISTRY
 from pydantic import SecretStr
 from sqlalchemy import Engine, func, select, update
 
@@ -135,6 +136,8 @@ def ledger_with_usage(url: str, book: PriceBook) -> Engine:
                 ),
             ],
         )  # fmt: skip
+    # org-c has no Stripe customer: its month is never posted.
+    set_customers(engine, {"org-a": "cus_A", "org-b": "cus_B"})
     return engine
 
 
@@ -193,7 +196,9 @@ def test_invoice_items_mirror_the_ledger_once_across_failures_and_lost_commits(
         ).all()
         queued = connection.execute(select(InvoiceChange.org_id, InvoiceChange.period)).all()
     assert [tuple(w) for w in waiting] == [(1, NOW + timedelta(seconds=60))] * 2
-    assert [tuple(q) for q in queued] == [("org-a", "2026-12")]  # org-c: dequeued, no items
+    # org-c has no Stripe customer: its month waits for one, counted by a metric.
+    assert sorted(tuple(q) for q in queued) == [("org-a", "2026-12"), ("org-c", "2026-11")]
+    assert REGISTRY.get_sample_value("cstack_orgs_without_stripe_customer") == 1
     assert sync_stripe(engine, book, settings, NOW + timedelta(seconds=30)).sent == 0  # backoff
     assert sync_stripe(engine, book, settings, NOW + timedelta(seconds=61)).sent == 2
 
