@@ -160,5 +160,6 @@ def reconcile(
         LineComparison(key=key, ledger_cents=ledger.get(key, 0), stripe_cents=posted.get(key, 0))
         for key in order
     ]
-    result.unsent = pending_items(engine, org_id, period)
+    with engine.connect() as connection:
+        result.unsent = pending_items(connection, org_id, period)
     return result

@@ -111,11 +111,13 @@ class InvoiceChange(Base):
 
 
 class StripeInvoiceItem(Base):
-    """One Stripe invoice item to post (or posted): a delta of one invoice line.
+    """One Stripe invoice item: the item of an invoice line, or an adjustment of one.
 
-    The items of an (org, period, line key) add up to what the ledger's invoice line was
-    when last planned; each new delta is the next ``revision``, and the idempotency key
-    is derived from (org, period, line key, revision), so a resend is never a second item.
+    A line has one item (``kind`` "line", revision 1), kept equal to the line by updates
+    while it is pending or on a draft invoice. Once its invoice is finalized the item is
+    ``final`` and a later change of the line is an ``adjustment`` item (the next
+    revision), itself updated until its own invoice is finalized. The item's fields here
+    are what it should be; ``stripe_state`` is what Stripe last confirmed it is.
     """
 
     __tablename__ = "stripe_invoice_items"
@@ -125,19 +127,41 @@ class StripeInvoiceItem(Base):
     period: Mapped[str] = mapped_column(String(7))
     line_key: Mapped[str] = mapped_column(String(200))
     revision: Mapped[int] = mapped_column(Integer)
+    #: "line" or "adjustment".
+    kind: Mapped[str] = mapped_column(String(20), default="line")
     customer_id: Mapped[str] = mapped_column(String(200))
     #: Signed integer cents (credits are negative), in USD.
     amount_cents: Mapped[int] = mapped_column(BigInteger)
+    #: Tokens the item stands for (an adjustment's: the change), None for credits.
+    quantity: Mapped[int | None] = mapped_column(BigInteger)
+    #: Cents per token where quantity x it is exactly the amount (Stripe then shows both);
+    #: None: an amount, with the tokens in the description.
+    unit_amount_decimal: Mapped[str | None] = mapped_column(String(40))
     description: Mapped[str] = mapped_column(Text)
+    #: The item must not exist (its line went to zero, or it is at a former customer).
+    removal: Mapped[bool] = mapped_column(default=False)
+    #: Idempotency key of its creation; its updates add ``.u{update_seq}``.
     idempotency_key: Mapped[str] = mapped_column(String(255), unique=True)
+    #: pending (Stripe must be brought to it), sent, final (on a finalized invoice:
+    #: never changed again), deleted.
     status: Mapped[str] = mapped_column(String(20), default="pending", index=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     next_attempt_at: Mapped[datetime] = mapped_column(UTCDateTime)
     #: Set before the first request leaves, so a resend after Stripe's idempotency window
     #: knows to look for the item first.
     first_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    #: The creation's parameters (JSON), fixed at its first attempt: a resend must be the
+    #: same request for Stripe to replay it.
+    create_body: Mapped[str | None] = mapped_column(Text)
+    #: What Stripe has (JSON: amount, quantity, unit_amount_decimal, description).
+    stripe_state: Mapped[str | None] = mapped_column(Text)
+    #: The update on its way (JSON) and its number (its idempotency key's suffix).
+    update_body: Mapped[str | None] = mapped_column(Text)
+    update_seq: Mapped[int] = mapped_column(Integer, default=0)
     last_error: Mapped[str | None] = mapped_column(Text)
     stripe_item_id: Mapped[str | None] = mapped_column(String(100))
+    #: The Stripe invoice it is on, once it is final.
+    invoice_id: Mapped[str | None] = mapped_column(String(100))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     sent_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 

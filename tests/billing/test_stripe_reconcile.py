@@ -6,7 +6,8 @@ Stripe stand-in, and `cstack billing reconcile` reading Stripe back through stri
 The price book is the test's own, with fixed instants: two price versions inside
 November, and a launch promotion that starts inside November and ends inside December.
 The org's allowance is crossed during the promotion; a request is delivered twice; the
-stand-in fails the first posts; usage arrives late after November was posted. Amounts
+stand-in fails the first posts; usage arrives late after November was posted and
+changes its lines' items in place. Amounts
 are worked out by hand below so that the ledger itself is checked, not only Stripe
 against it.
 """
@@ -223,8 +224,10 @@ async def test_stripe_invoices_the_ledger_to_the_cent_through_the_billing_path(
         await settle(meter, org, *LATE)
         consumer.drain(max_seconds=30)
         late = sync_stripe(engine, book, settings, december_first + timedelta(hours=1))
-        # Past the allowance: overage at list, fast.output.2026-11-16 +5c and nothing else.
-        assert (late.planned, late.sent) == (1, 1)
+        # Past the allowance: overage at list. fast.output.2026-11-16's item +5c; the
+        # fast.input one keeps its 6c but now stands for 26,234 tokens (62,961,600 nano:
+        # no longer whole cents, so an amount with the tokens in its description).
+        assert (late.planned, late.sent) == (2, 2)
         assert reconcile(env, "2026-11", org).exit_code == 0
         assert (
             stripe_total(settings, "2026-11")
