@@ -3,8 +3,8 @@
 The org owns its customer (billing.accounts): an admin sets and changes it, and every
 invoice item of the org's months goes to it. Changing it queues the months whose items
 are with another customer for the Stripe sync. An org with usage and no customer keeps its months
-queued, never posted, until it has one: counted by ``cstack_orgs_without_stripe_customer``
-and named in the billing worker's log.
+queued, never posted, until it has one: counted by ``cstack_orgs_without_stripe_customer``,
+named in the billing worker's log and listed by `cstack billing reconcile --all`.
 """
 
 from __future__ import annotations

@@ -101,6 +101,11 @@ class BillingSettings(BaseSettings):
     #: usage adds a delta item per changed line, and an invoice should not carry hundreds.
     stripe_post_open_periods: bool = False
 
+    #: The hour (UTC) of the worker's daily `cstack billing reconcile --all` of the last
+    #: month (and of the running one where it is posted as it fills): after the customers'
+    #: Stripe invoices are made (an anchor at 02:00 UTC on the 1st, after the grace).
+    reconcile_hour_utc: int = Field(default=3, ge=0, le=23)
+
     #: Prometheus port of the billing worker / beat (none: no endpoint).
     metrics_port: int | None = None
     #: Where `cstack beat` keeps its schedule state.
