@@ -1,10 +1,10 @@
-"""``create_app(settings, meter, usage)``: the gateway's FastAPI application.
+"""``create_app(settings, meter, usage, accounts=...)``: the gateway's FastAPI application.
 
 Only the routes listed here exist (no OpenAPI/docs pages, nothing proxied by prefix), so
 none of vLLM's own admin or development endpoints can be reached through the gateway.
-Billing comes in through its two contracts: ``meter`` on the request path of the
-generation routes, ``usage`` for ``GET /v1/usage`` only. The app owns both: it closes them
-on shutdown.
+Billing comes in through its three contracts: ``meter`` on the request path of the
+generation routes, ``usage`` for ``GET /v1/usage`` and its receipts only, ``accounts``
+for the admin API's Stripe customers. The app owns them: it closes them on shutdown.
 """
 
 from __future__ import annotations

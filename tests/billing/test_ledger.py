@@ -265,3 +265,27 @@ def test_consumer_writes_once_and_dead_letters_poison(
     ] * 2
     with ledger.connect() as connection:
         assert connection.execute(select(func.count()).select_from(UsageRow)).scalar_one() == 5
+
+
+def test_this_releases_migrations_go_down_and_up_again(ledger_url: str) -> None:
+    """0004 to 0007 undone and redone, with rows in every table they touch."""
+    from alembic import command
+
+    from billing.ledger.database import alembic_config
+
+    engine = make_engine(ledger_url)
+    migrate(engine)
+    with engine.begin() as connection:
+        insert_usage_events(connection, [event("down-up")])
+    config = alembic_config()
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.downgrade(config, "0003")
+    with engine.connect() as connection:
+        old = connection.execute(text("SELECT allowance_consumed_nano_usd FROM usage_events"))
+        assert old.scalar_one() == 1000 * 3000 + 100 * 15000
+    migrate(engine)
+    with engine.connect() as connection:
+        assert connection.execute(select(UsageRow.allowance_cost_nano_usd)).scalar_one() == (
+            1000 * 3000 + 100 * 15000
+        )
