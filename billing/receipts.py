@@ -227,6 +227,20 @@ def find_receipt(
     return receipt(row, Months(connection, book, org_id), book, final_before)
 
 
+#: A spreadsheet runs a cell that starts with one of these as a formula.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value: object) -> object:
+    """A CSV cell: empty for None; the one free-form text (a client's ``x-request-id``)
+    is kept from reading as a spreadsheet formula by a leading apostrophe."""
+    if value is None:
+        return ""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
 def month_csv(
     engine: Engine, book: PriceBook, org_id: str, period: str, final_before: datetime
 ) -> Iterator[str]:
@@ -247,7 +261,7 @@ def month_csv(
                 "promotion_id": promotion.get("id"),
                 "usage_multiplier": promotion.get("usage_multiplier", "1"),
             }
-            writer.writerow(["" if values[c] is None else values[c] for c in CSV_COLUMNS])
+            writer.writerow([csv_cell(values[c]) for c in CSV_COLUMNS])
         yield out.getvalue()
         out.seek(0)
         out.truncate()

@@ -21,7 +21,7 @@ from billing.invoice import invoice_preview
 from billing.ledger import insert_usage_events, make_engine, migrate
 from billing.pricebook import PriceBook
 from billing.pricing import load_pricebook
-from billing.receipts import CSV_COLUMNS, find_receipt, list_receipts, month_csv
+from billing.receipts import CSV_COLUMNS, csv_cell, find_receipt, list_receipts, month_csv
 from billing.reporting import BadReceiptQuery, ReceiptNotUnique, ReceiptQuery
 
 VERSIONS = [
@@ -203,3 +203,9 @@ def test_a_months_receipts_as_csv(month: tuple[Engine, str, str], book: PriceBoo
     assert (rows[0]["promotion_id"], rows[0]["usage_multiplier"]) == ("", "1")
     assert rows[2]["x_request_id"] == "mine" and rows[0]["reasoning_tokens"] == ""
     assert "".join(month_csv(engine, book, org, "2026-10", AFTER_NOVEMBER)).count("\n") == 1
+
+
+def test_a_clients_request_id_never_reads_as_a_spreadsheet_formula() -> None:
+    assert csv_cell("=HYPERLINK(1)") == "'=HYPERLINK(1)"
+    assert csv_cell("@SUM(A1)") == "'@SUM(A1)"
+    assert (csv_cell("client-1"), csv_cell(-200_000), csv_cell(None)) == ("client-1", -200_000, "")
