@@ -68,9 +68,9 @@ def reconcile(
     """Compare what Stripe will invoice for ORG (or --all orgs) in PERIOD with the ledger,
     line by line.
 
-    Exits 0 when they agree to the cent, 1 when they differ (or, with --all, an org has no
-    Stripe customer), 2 when they cannot be compared (bad period, unknown org, no Stripe
-    customer, Stripe or the ledger unreachable).
+    Exits 0 when they agree to the cent, 1 when they differ (or, with --all, an org with
+    no Stripe customer owes something), 2 when they cannot be compared (bad period,
+    unknown org, no Stripe customer, Stripe or the ledger unreachable).
     """
     from datetime import UTC, datetime
 

@@ -72,8 +72,12 @@ class FullReconciliation:
 
     @property
     def agree(self) -> bool:
+        """No org differs, no org without a customer owes anything, and every upcoming
+        invoice is explained."""
         return not (
-            self.differing or self.without_customer or any(up.difference for up in self.upcoming)
+            self.differing
+            or any(self.without_customer.values())
+            or any(up.difference for up in self.upcoming)
         )
 
     def render(self) -> str:

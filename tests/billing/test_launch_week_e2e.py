@@ -4,17 +4,12 @@ traffic (both tiers, streamed and not, ``n`` up to 3, prompt lists) that crosses
 org's allowance during the promotion, the ledger worker's job, Stripe (the stand-in) and
 `cstack billing reconcile --all`.
 
-The expected invoice is computed here from the published rule and prices alone, from the
-tokens each client was told it used: a promotion multiplies the allowance (usage counts
-half against it) and nothing else; the requests take the allowance in the order they
-started, the one that crosses it is split, the rest is overage at list price. The
-requests before the crossing are sent one after another (so their order is known); those
-after it are sent together (all overage, so their order does not matter).
+The expected invoice is computed by hand (``launch_traffic.hand_invoice``) from the
+published rule and prices alone, from the tokens each client was told it used.
 """
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -32,6 +27,7 @@ from billing_support import (
     write_test_book,
 )
 from gateway_processes import gateway_processes
+from launch_traffic import hand_invoice, list_cost, mixed_traffic
 from openai import AsyncOpenAI
 from pydantic import SecretStr
 from typer.testing import CliRunner
@@ -40,7 +36,6 @@ from billing.cli import billing_app
 from billing.consumer import UsageStreamConsumer
 from billing.invoice import invoice_preview
 from billing.ledger import make_engine, migrate
-from billing.money import round_to_cents
 from billing.periods import period_of
 from billing.pricing import load_pricebook
 from billing.settings import BillingSettings
@@ -49,18 +44,8 @@ from billing.stripe_sync import sync_stripe
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="session")]
 
-#: The published prices (nano-USD per token) and the plan: $0.001 included.
-PRICES = {"fast": (3000, 15000), "standard": (500, 2500)}
-INCLUDED = 1_000_000
-#: Request shapes, cycled: (endpoint, tier, stream, n).
-SHAPES = [
-    ("chat", "fast", False, 1),
-    ("chat", "standard", True, 2),
-    ("completions", "fast", False, 3),
-    ("completions", "standard", True, 3),
-    ("chat", "fast", True, 3),
-    ("completions", "standard", False, 2),
-]
+#: The plan's allowance: $0.005.
+INCLUDED = 5_000_000
 
 
 @pytest.fixture
@@ -75,7 +60,7 @@ def stack(
     book = write_test_book(
         tmp_path / "launch.yaml",
         versions=TEST_VERSIONS,
-        plans={"launch": {"included_usd": "0.001", "overage": "billed",
+        plans={"launch": {"included_usd": "0.005", "overage": "billed",
                           "overage_budget_usd": "1.00", "rpm": 100000, "tpm": 100000000}},
         promotions=[{"id": "launch-week", "starts_at": (now - timedelta(days=1)).isoformat(),
                      "days": 7, "models": ["composer-2.5*"], "usage_multiplier": "2"}],
@@ -97,44 +82,6 @@ def stack(
         yield urls[0], settings, server
 
 
-async def send(client: AsyncOpenAI, number: int) -> dict[str, Any]:
-    """One request of the ``number``th shape; what its client was told: tokens and tier."""
-    endpoint, tier, stream, n = SHAPES[number % len(SHAPES)]
-    model = f"composer-2.5-{tier}"
-    common: dict[str, Any] = {"model": model, "n": n, "max_tokens": 12, "seed": number,
-                              "temperature": 1.0}  # fmt: skip
-    if stream:
-        common |= {"stream": True, "stream_options": {"include_usage": True}}
-    if endpoint == "chat":
-        messages = [{"role": "user", "content": f"Tell me about {number}."}]
-        answer = await client.chat.completions.create(messages=messages, **common)
-    else:
-        prompt = [f"Once upon {number}", "The end"] if number % 2 else f"Number {number}:"
-        answer = await client.completions.create(prompt=prompt, **common)
-    if stream:
-        chunks = [chunk async for chunk in answer]  # type: ignore[union-attr]
-        usage, response_id = chunks[-1].usage, chunks[-1].id
-    else:
-        usage, response_id = answer.usage, answer.id  # type: ignore[union-attr]
-    assert usage is not None
-    details = usage.prompt_tokens_details
-    cached = (details.cached_tokens or 0) if details else 0
-    return {
-        "id": response_id,
-        "tier": tier,
-        "prompt": usage.prompt_tokens,
-        "cached": cached,
-        "completion": usage.completion_tokens,
-        "cost": usage.model_extra["cstack_cost"],  # type: ignore[index]
-    }
-
-
-def list_cost(request: dict[str, Any]) -> int:
-    """What the published prices say a request costs (cached input at the input price)."""
-    price_in, price_out = PRICES[request["tier"]]
-    return request["prompt"] * price_in + request["completion"] * price_out
-
-
 async def test_the_launch_week_invoice_is_the_published_rule(
     stack: tuple[str, BillingSettings, StripeStandIn],
 ) -> None:
@@ -142,49 +89,14 @@ async def test_the_launch_week_invoice_is_the_published_rule(
     org = f"org-launch-{uuid.uuid4().hex[:6]}"
     token, _ = await create_org_key(settings.redis_url, org, "launch")
     client = AsyncOpenAI(base_url=f"{gateway}/v1", api_key=token, max_retries=0, timeout=300)
-
-    # One after another until the allowance is crossed (and two more), at half cost.
-    in_order: list[dict[str, Any]] = []
-    allowance_cost = 0
-    while allowance_cost <= INCLUDED or len(in_order) < 3:
-        request = await send(client, len(in_order))
-        in_order.append(request)
-        allowance_cost += list_cost(request) // 2
-    in_order += [await send(client, len(in_order)) for _ in range(2)]
-    # Then six at once: all of them past the allowance.
-    together = await asyncio.gather(*(send(client, len(in_order) + i) for i in range(6)))
-    requests = in_order + list(together)
-    assert len(requests) > len(SHAPES)  # every shape at least once
+    requests = await mixed_traffic(client, INCLUDED)
     assert all(r["cost"]["list_cost_nano_usd"] == list_cost(r) for r in requests)
     assert all(r["cost"]["promotion"] == {"id": "launch-week", "usage_multiplier": "2"}
                for r in requests)  # fmt: skip
-
-    # The rule, by hand.
-    left, allowance, covered, overage = INCLUDED, 0, 0, 0
-    crossing = None
-    for request in requests:
-        cost, half = list_cost(request), list_cost(request) // 2
-        if half <= left:
-            allowance, covered, left = allowance + half, covered + cost, left - half
-        elif left > 0:
-            crossing = request["id"]
-            allowance, covered = allowance + left, covered + 2 * left
-            overage += cost - 2 * left
-            left = 0
-        else:
-            overage += cost
-    assert allowance == INCLUDED  # crossed (by one request, unless one ended on it exactly)
-    expected: dict[str, int] = {}
-    for tier in PRICES:
-        mine = [r for r in requests if r["tier"] == tier]
-        tokens_in = sum(r["prompt"] - r["cached"] for r in mine)
-        tokens_out = sum(r["completion"] for r in mine)
-        version = TEST_VERSIONS[0]["version"]
-        expected[f"{tier}.input.{version}"] = tokens_in * PRICES[tier][0]
-        expected[f"{tier}.output.{version}"] = tokens_out * PRICES[tier][1]
-    expected["promotion"] = -(covered - allowance)
-    expected["allowance"] = -allowance
-    assert sum(expected.values()) == overage > 0
+    hand = hand_invoice(requests, INCLUDED, TEST_VERSIONS[0]["version"])
+    assert hand.allowance == INCLUDED and hand.overage > 0  # crossed
+    assert hand.total_cents > 0  # an invoice in whole cents, not fractions of one
+    assert sum(hand.lines.values()) == hand.overage
 
     # The ledger worker's job; then the invoice is the hand computation.
     sync = redis.Redis.from_url(settings.redis_url)
@@ -194,10 +106,9 @@ async def test_the_launch_week_invoice_is_the_published_rule(
     book = load_pricebook(settings.pricebook_path)
     period = period_of(datetime.now(UTC))
     preview = invoice_preview(engine, book, org, period)
-    assert {line.key: line.amount_nano_usd for line in preview.lines if line.amount_nano_usd} == {
-        key: amount for key, amount in expected.items() if amount
-    }
-    total_cents = sum(round_to_cents(amount) for amount in expected.values())
+    lines = {line.key: line.amount_nano_usd for line in preview.lines if line.amount_nano_usd}
+    assert lines == hand.lines
+    total_cents = hand.total_cents
     assert preview.total_cents == total_cents
 
     # The receipts add up to it exactly, and each says what its answer said.
@@ -213,12 +124,13 @@ async def test_the_launch_week_invoice_is_the_published_rule(
         after = page.json()["last_id"]
     assert len(receipts) == len(requests)
     assert sum(r["list_cost_nano_usd"] for r in receipts) == sum(map(list_cost, requests))
-    assert sum(r["allowance_consumed_nano_usd"] for r in receipts) == allowance
-    assert sum(r["promotion_credit_nano_usd"] for r in receipts) == covered - allowance
-    assert sum(r["overage_nano_usd"] for r in receipts) == overage
+    assert sum(r["allowance_consumed_nano_usd"] for r in receipts) == hand.allowance
+    assert sum(r["promotion_credit_nano_usd"] for r in receipts) == hand.covered - hand.allowance
+    assert sum(r["overage_nano_usd"] for r in receipts) == hand.overage
     split = [
         r["id"] for r in receipts if r["allowance_consumed_nano_usd"] and r["overage_nano_usd"]
     ]
+    crossing = hand.crossing
     assert split == ([api.get(f"/requests/{crossing}").json()["id"]] if crossing else [])
     for request in requests[:3]:
         shown = api.get(f"/requests/{request['id']}").json()
@@ -227,7 +139,10 @@ async def test_the_launch_week_invoice_is_the_published_rule(
             request["completion"],
         )
     totals = api.get(f"{gateway}/v1/usage").json()["totals"]
-    assert (totals["allowance_used_nano_usd"], totals["overage_nano_usd"]) == (allowance, overage)
+    assert (totals["allowance_used_nano_usd"], totals["overage_nano_usd"]) == (
+        hand.allowance,
+        hand.overage,
+    )
     api.close()
 
     # Stripe gets the same invoice, to the cent, at the org's customer.
