@@ -47,7 +47,7 @@ from sqlalchemy import Connection, and_, case, func, or_, select
 
 from billing.ledger import UsageRow
 from billing.periods import period_bounds
-from billing.pricebook import PriceBook, PriceBookError
+from billing.pricebook import PriceBook
 
 
 @dataclass(frozen=True)
@@ -151,16 +151,6 @@ class MonthAllowance:
         return case((before, 0), (UsageRow.id == crossing.row_id, 1), else_=2)
 
 
-def included_of(book: PriceBook, plan: str | None) -> int:
-    """The allowance of ``plan`` (a plan gone from the price book includes none)."""
-    if plan is None:
-        return 0
-    try:
-        return book.plan(plan).included_nano
-    except PriceBookError:
-        return 0
-
-
 def in_month(org_id: str, period: str) -> tuple[Any, ...]:
     """The WHERE clause of an org's usage rows of a period (by start)."""
     lower, upper = period_bounds(period)
@@ -178,7 +168,7 @@ def month_allowance(
         .order_by(UsageRow.started_at.desc(), UsageRow.id.desc())
         .limit(1)
     ).scalar_one_or_none()
-    included = included_of(book, plan)
+    included = book.included_nano(plan)
     order = (UsageRow.started_at, UsageRow.id)
     running = (
         select(

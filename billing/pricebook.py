@@ -120,6 +120,12 @@ class PriceBook:
         except KeyError:
             raise PriceBookError(f"plan {name!r} is not in the price book") from None
 
+    def included_nano(self, plan: str | None) -> int:
+        """The allowance of ``plan`` (none for no plan, or one gone from the book: its
+        usage is overage)."""
+        found = self.plans.get(plan) if plan is not None else None
+        return found.included_nano if found is not None else 0
+
 
 def _instant(raw: Any, where: str) -> datetime:
     if isinstance(raw, datetime):

@@ -354,7 +354,7 @@ class RedisMeter:
             # What the settle script adds to the budget (billing.allowance.budget_units).
             "list_nano_usd": event["list_cost_nano_usd"],
             "multiplier": multiplier,
-            "included_nano_usd": self._included(admission.request.plan),
+            "included_nano_usd": self.book.included_nano(admission.request.plan),
             "event": usage_event_json(event),
         }
         if reservation != usage.request_id:  # an admission made ahead: its own id
@@ -367,13 +367,6 @@ class RedisMeter:
         except Exception:  # an answer goes out without its cost rather than not at all
             logger.exception("cannot price the answer of request %s", usage.request_id)
             return None
-
-    def _included(self, plan: str) -> int:
-        """The allowance of ``plan`` (settlement bills a plan gone from the book as overage)."""
-        try:
-            return self.book.plan(plan).included_nano
-        except PriceBookError:
-            return 0
 
     async def _renew(self, keys: list[str], args: list[str]) -> int:
         """Push the reservations' expiries (``args``: the TTL, then a member per key). On
