@@ -192,7 +192,7 @@ def main() -> None:
                 cached_tokens=100,
                 completion_tokens=150,
                 list_cost_nano_usd=3_450_000,
-                allowance_consumed_nano_usd=3_450_000,
+                allowance_cost_nano_usd=3_450_000,
                 price_version="2026-11-01",
                 started_at=now,
                 ended_at=now,

@@ -61,7 +61,7 @@ from billing.keyspace import Keyspace
 from billing.lua import ADMIT_AHEAD, RELEASE_AHEAD
 from billing.meter import AdmissionRequest
 from billing.periods import period_bounds
-from billing.pricing import PriceBook, PriceBookError, worst_case_charge
+from billing.pricing import Charge, PriceBook, PriceBookError, worst_case_charge
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +119,10 @@ class Ahead(NamedTuple):
     member: str
     period: str
     headers: dict[str, str]
+    #: What Redis holds for it (budget units: billing.lua).
     reserved_nano_usd: int
+    #: What its org counts as waiting for it: the shape's worst allowance cost when made.
+    counted_nano: int
     #: Requests like it that still fit after it, as ``Admission.headroom``.
     headroom: int
     #: ``time.monotonic()`` after which no request takes it.
@@ -211,7 +214,7 @@ class AdmissionsAhead:
         taken = None
         if entries:
             taken = entries.popleft()
-            self._count(shape, state, -1, -taken.reserved_nano_usd)
+            self._count(shape, state, -1, -taken.counted_nano)
             self._taken.inc()
         if not state.refilling and state.arrivals >= HOT_ARRIVALS and len(entries) < self.batch:
             self._refill(shape, state)
@@ -269,7 +272,7 @@ class AdmissionsAhead:
         tokens = shape[6] + shape[7]
         if not state.worst:
             try:
-                state.worst = self._price(shape, datetime.now(UTC))
+                state.worst = self._price(shape, datetime.now(UTC)).allowance_cost_nano
             except Exception:  # admission itself refuses (or fails) the request
                 return
         key, org, share = state.key, state.org, SHARE_OF_WHAT_IS_LEFT
@@ -293,7 +296,7 @@ class AdmissionsAhead:
         state.key.add(count, count * (shape[6] + shape[7]), 0)
         state.org.add(count, 0, nano)
 
-    def _price(self, shape: Shape, at: datetime) -> int:
+    def _price(self, shape: Shape, at: datetime) -> Charge:
         return worst_case_charge(
             self._book,
             tier=shape[3],  # type: ignore[arg-type]
@@ -301,7 +304,7 @@ class AdmissionsAhead:
             prompt_tokens=shape[6],
             max_output_tokens=shape[7],
             at=at,
-        ).allowance_consumed_nano
+        )
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
@@ -333,7 +336,8 @@ class AdmissionsAhead:
                 return
             # Counted from before the call: a slow reply does not stretch the lifetime.
             expires = time.monotonic() + lifetime_s
-            worst = state.worst = self._price(shape, made_at)
+            priced = self._price(shape, made_at)
+            worst = state.worst = priced.allowance_cost_nano
             replies = await self._scripts.call(
                 ADMIT_AHEAD_SCRIPT,
                 self._keys.admission_keys(org_id, key_id, customer_id, period),
@@ -341,11 +345,14 @@ class AdmissionsAhead:
                     plan.rpm,
                     plan.tpm,
                     prompt + output,
-                    worst,
+                    priced.list_cost_nano,
                     plan.period_cap_nano,
                     "",
                     self._reservation_ttl_s,
                     period,
+                    priced.usage_multiplier.numerator,
+                    priced.usage_multiplier.denominator,
+                    plan.included_nano,
                     *members,
                 ],
             )
@@ -359,7 +366,7 @@ class AdmissionsAhead:
                 org.left_budget = left_budget
                 headers = admission_headers(reply, rpm=plan.rpm, tpm=plan.tpm)
                 room = headroom(left_requests, left_tokens, left_budget, prompt + output, worst)
-                made.append(Ahead(member, period, headers, worst, room, expires))
+                made.append(Ahead(member, period, headers, int(reply[7]), worst, room, expires))
         except asyncio.CancelledError:  # the script may have run: given back, if it can be
             self._spawn(self._release(shape, period, members))
             raise
@@ -404,7 +411,7 @@ class AdmissionsAhead:
         while state.entries and state.entries[0].expires <= now:
             stale.append(state.entries.popleft())
         if stale:
-            self._count(shape, state, -len(stale), -sum(entry.reserved_nano_usd for entry in stale))
+            self._count(shape, state, -len(stale), -sum(entry.counted_nano for entry in stale))
             for period in {entry.period for entry in stale}:
                 members = [entry.member for entry in stale if entry.period == period]
                 self._spawn(self._release(shape, period, members))

@@ -57,13 +57,20 @@ def invoice_preview(
 
 @billing_app.command("reconcile")
 def reconcile(
-    org: str = typer.Option(..., "--org", help="The organization to check."),
+    org: str = typer.Option("", "--org", help="The organization to check."),
+    all_orgs: bool = typer.Option(
+        False,
+        "--all",
+        help="Every org with usage or items in the period, and each customer's upcoming invoice.",
+    ),
     period: str = typer.Option(..., "--period", help="Billing period as YYYY-MM."),
 ) -> None:
-    """Compare what Stripe will invoice for ORG in PERIOD with the ledger, line by line.
+    """Compare what Stripe will invoice for ORG (or --all orgs) in PERIOD with the ledger,
+    line by line.
 
-    Exits 0 when they agree to the cent, 1 when they differ, 2 when they cannot be
-    compared (bad period, unknown org, no Stripe customer, Stripe or the ledger unreachable).
+    Exits 0 when they agree to the cent, 1 when they differ (or, with --all, an org with
+    no Stripe customer owes something), 2 when they cannot be compared (bad period,
+    unknown org, no Stripe customer, Stripe or the ledger unreachable).
     """
     from datetime import UTC, datetime
 
@@ -75,10 +82,13 @@ def reconcile(
     from billing.pricing import PriceBookError, pricebook_from_path
     from billing.reconcile import CannotReconcile
     from billing.reconcile import reconcile as compare
+    from billing.reconcile_all import reconcile_all
     from billing.settings import BillingSettings
     from billing.stripe_api import stripe_client
     from billing.stripe_sync import first_open_period
 
+    if bool(org) == all_orgs:
+        _fail("give --org ORG or --all (not both)", code=2)
     settings = BillingSettings()
     try:
         period_bounds(period)
@@ -86,7 +96,11 @@ def reconcile(
         client = stripe_client(settings)
         engine = make_engine(settings.ledger_url)
         migrate(engine)
-        result = compare(engine, book, client, org, period)
+        result = (
+            reconcile_all(engine, book, client, period)
+            if all_orgs
+            else compare(engine, book, client, org, period)
+        )
     except (CannotReconcile, PriceBookError, ValueError, RuntimeError) as exc:
         _fail(str(exc), code=2)
     except SQLAlchemyError as exc:

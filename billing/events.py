@@ -1,7 +1,9 @@
 """The usage event: one per request, keyed by the request id, priced at the request's start.
 
-It carries both the list cost and the allowance consumed so that the ledger, invoices and
-Stripe never have to re-price history with a newer price book.
+It carries both the list cost and the allowance cost (list / the promotion's multiplier)
+so that the ledger, invoices and Stripe never have to re-price history with a newer price
+book. How much of the allowance a request got is the ledger's to say (billing.allowance):
+it depends on the month's other requests.
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ from fractions import Fraction
 from typing import Any
 
 import pydantic_core
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 from billing.meter import Admission, Outcome, UsageReport
 from billing.pricing import PriceBook, charge
+from billing.reporting import RECEIPTS_PATH
 from serving.vocabulary import Tier
 
 EVENT_SCHEMA_VERSION = 1
@@ -41,9 +44,17 @@ class UsageEvent(BaseModel):
     prompt_tokens: int = Field(ge=0)
     cached_tokens: int = Field(ge=0)
     completion_tokens: int = Field(ge=0)
+    #: Of the completion tokens, those spent reasoning (None: vLLM did not say).
+    reasoning_tokens: int | None = Field(default=None, ge=0)
+    #: The client's own ``x-request-id``, if it sent one.
+    client_request_id: str | None = Field(default=None, max_length=128)
     list_cost_nano_usd: int = Field(ge=0)
-    allowance_consumed_nano_usd: int = Field(ge=0)
-    #: "2x usage" during a promotion: allowance consumed x multiplier = list cost.
+    #: Events of releases before the promotion rule name it ``allowance_consumed_nano_usd``.
+    allowance_cost_nano_usd: int = Field(
+        ge=0,
+        validation_alias=AliasChoices("allowance_cost_nano_usd", "allowance_consumed_nano_usd"),
+    )
+    #: "2x usage" during a promotion: allowance cost x multiplier = list cost.
     promotion_multiplier: str = "1"
     promotion_id: str | None = None
     price_version: str
@@ -92,8 +103,10 @@ def usage_event_fields(book: PriceBook, admission: Admission, usage: UsageReport
         "prompt_tokens": usage.prompt_tokens,
         "cached_tokens": usage.cached_tokens,
         "completion_tokens": usage.completion_tokens,
+        "reasoning_tokens": usage.reasoning_tokens,
+        "client_request_id": usage.client_request_id,
         "list_cost_nano_usd": priced.list_cost_nano,
-        "allowance_consumed_nano_usd": priced.allowance_consumed_nano,
+        "allowance_cost_nano_usd": priced.allowance_cost_nano,
         "promotion_multiplier": str(priced.usage_multiplier),
         "promotion_id": priced.promotion_id,
         "price_version": priced.price_version,
@@ -111,3 +124,31 @@ def usage_event_json(fields: dict[str, Any]) -> str:
 def usage_event(book: PriceBook, admission: Admission, usage: UsageReport) -> UsageEvent:
     """The validated event of a finished request."""
     return UsageEvent(**usage_event_fields(book, admission, usage))
+
+
+def answer_cost(book: PriceBook, usage: UsageReport) -> dict[str, Any]:
+    """What a request costs, as its answer's ``usage.cstack_cost``: priced as its usage
+    event is (the same tokens, tier, model and start), so the ledger says the same. How
+    much the allowance covers is the month's to say: its receipt, at ``receipt``."""
+    priced = charge(
+        book,
+        tier=usage.tier,
+        model=usage.model,
+        prompt_tokens=usage.prompt_tokens,
+        cached_tokens=usage.cached_tokens,
+        completion_tokens=usage.completion_tokens,
+        at=usage.started_at,
+    )
+    promotion = (
+        {"id": priced.promotion_id, "usage_multiplier": str(priced.usage_multiplier)}
+        if priced.promotion_id
+        else None
+    )
+    return {
+        "currency": "usd",
+        "price_version": priced.price_version,
+        "list_cost_nano_usd": priced.list_cost_nano,
+        "promotion": promotion,
+        "allowance_cost_nano_usd": priced.allowance_cost_nano,
+        "receipt": f"{RECEIPTS_PATH}/{usage.request_id}",
+    }

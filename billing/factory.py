@@ -1,4 +1,4 @@
-"""The two objects the gateway gets from billing, built from ``BillingSettings``.
+"""The objects the gateway gets from billing, built from ``BillingSettings``.
 
 The implementations are imported when called: this module is re-exported by
 ``billing/__init__``, which every import of a billing contract runs, and they bring Redis
@@ -7,6 +7,7 @@ and SQLAlchemy with them.
 
 from __future__ import annotations
 
+from billing.accounts import BillingAccounts
 from billing.meter import Meter
 from billing.reporting import UsageReader
 from billing.settings import BillingSettings
@@ -29,6 +30,18 @@ def create_meter(settings: BillingSettings | None = None, *, redis_url: str | No
 def create_usage_reader(settings: BillingSettings | None = None) -> UsageReader:
     """The real UsageReader: queries the SQL ledger at ``settings.ledger_url``, whose schema
     `cstack billing migrate` (or the billing worker) has created."""
-    from billing.summary import LedgerUsageReader
+    from billing.usage_reader import LedgerUsageReader
 
-    return LedgerUsageReader((settings or BillingSettings()).ledger_url)
+    resolved = settings or BillingSettings()
+    return LedgerUsageReader(
+        resolved.ledger_url,
+        resolved.pricebook_path,
+        invoice_grace_s=resolved.stripe_invoice_grace_s,
+    )
+
+
+def create_accounts(settings: BillingSettings | None = None) -> BillingAccounts:
+    """The real BillingAccounts: the ledger's record of each org's Stripe customer."""
+    from billing.customers import LedgerAccounts
+
+    return LedgerAccounts((settings or BillingSettings()).ledger_url)

@@ -1,8 +1,10 @@
 """Invoice preview: the period's lines for an org, each rounded to cents exactly once.
 
-Usage lines show list price per tier and direction; the launch promotion and the included
-allowance appear as credits, and what is left is the overage due. Every line is computed
-in nano-USD and rounded once; the total is the sum of the rounded lines, as on a real
+Usage lines show list price per tier, direction and price version; the included allowance
+and the launch promotion appear as credits (billing.allowance: the allowance covers the
+month's first requests in start order, a promotion counting them 1/m against it), and what
+is left is the overage at list price, plus any adjustments. Every line is computed in
+nano-USD and rounded once; the total is the sum of the rounded lines, as on a real
 invoice. Each line has a stable key (``fast.output.2026-11-01``, ``promotion``,
 ``allowance``, ``adjustments``): Stripe's invoice items mirror the lines by that key.
 """
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, Engine, func, select
 
+from billing.allowance import in_month, month_allowance
 from billing.ledger import UsageAdjustment, UsageRow
 from billing.money import format_cents, round_to_cents
 from billing.periods import period_bounds
@@ -29,8 +32,11 @@ class InvoiceLine:
     #: Stable across recomputations of the same period, whatever the amounts.
     key: str
     description: str
+    #: Tokens (usage lines); None for credits and adjustments.
     quantity: int | None
     amount_nano_usd: int
+    #: Nano-USD per token (usage lines: amount = quantity x unit price, exactly).
+    unit_price_nano_usd: int | None = None
 
     @property
     def amount_cents(self) -> int:
@@ -70,11 +76,6 @@ def read_invoice(
 ) -> InvoicePreview:
     """The invoice as ``connection`` sees the ledger (Stripe sync plans inside its transaction)."""
     lower, upper = period_bounds(period)
-    in_period = (
-        UsageRow.org_id == org_id,
-        UsageRow.started_at >= lower,
-        UsageRow.started_at < upper,
-    )
     per_line = connection.execute(
         select(
             UsageRow.tier,
@@ -82,28 +83,20 @@ def read_invoice(
             func.sum(UsageRow.prompt_tokens - UsageRow.cached_tokens).label("uncached"),
             func.sum(UsageRow.cached_tokens).label("cached"),
             func.sum(UsageRow.completion_tokens).label("output"),
-            func.sum(UsageRow.list_cost_nano_usd).label("list_cost"),
-            func.sum(UsageRow.allowance_consumed_nano_usd).label("allowance"),
         )
-        .where(*in_period)
+        .where(*in_month(org_id, period))
         .group_by(UsageRow.tier, UsageRow.price_version)
         .order_by(UsageRow.tier, UsageRow.price_version)
     ).all()
-    plan_name = connection.execute(
-        select(UsageRow.plan).where(*in_period).order_by(UsageRow.id.desc()).limit(1)
-    ).scalar_one_or_none()
+    month = month_allowance(connection, book, org_id, period)
     adjustment = connection.execute(
-        select(
-            func.coalesce(func.sum(UsageAdjustment.list_cost_delta_nano_usd), 0),
-            func.coalesce(func.sum(UsageAdjustment.allowance_delta_nano_usd), 0),
-        ).where(
+        select(func.coalesce(func.sum(UsageAdjustment.list_cost_delta_nano_usd), 0)).where(
             UsageAdjustment.org_id == org_id,
             UsageAdjustment.effective_at >= lower,
             UsageAdjustment.effective_at < upper,
         )
-    ).one()
-    preview = InvoicePreview(org_id=org_id, period=period, plan=plan_name)
-    list_total = allowance_total = 0
+    ).scalar_one()
+    preview = InvoicePreview(org_id=org_id, period=period, plan=month.plan)
     versions = {v.version: v for v in book.versions}
     for row in per_line:
         prices = (
@@ -117,47 +110,39 @@ def read_invoice(
             ("output", "output tokens", int(row.output or 0), prices.output),
         ):
             if tokens:
-                per_million = _per_million(price)
                 preview.lines.append(
                     InvoiceLine(
                         key=f"{row.tier}.{direction}.{row.price_version}",
                         description=(
-                            f"composer-2.5 {row.tier} {label} @ {per_million} "
+                            f"composer-2.5 {row.tier} {label} @ {_per_million(price)} "
                             f"(v{row.price_version})"
                         ),
                         quantity=tokens,
                         amount_nano_usd=tokens * price,
+                        unit_price_nano_usd=price,
                     )
                 )
-        list_total += int(row.list_cost or 0)
-        allowance_total += int(row.allowance or 0)
-    list_delta, allowance_delta = int(adjustment[0]), int(adjustment[1])
-    if list_delta:
-        preview.lines.append(InvoiceLine(ADJUSTMENTS_LINE, "Adjustments", None, list_delta))
-    list_total += list_delta
-    allowance_total += allowance_delta
-    if list_total != allowance_total:
+    taken = month.total
+    if taken.promotion_credit_nano:
         preview.lines.append(
             InvoiceLine(
                 PROMOTION_LINE,
-                "Launch promotion (usage counts less)",
+                "Launch promotion (usage counted less against the allowance)",
                 None,
-                allowance_total - list_total,
+                -taken.promotion_credit_nano,
             )
         )
-    if plan_name is not None:
-        try:
-            included = book.plan(plan_name).included_nano
-        except PriceBookError:
-            included = 0
+    if month.plan is not None:
         preview.lines.append(
             InvoiceLine(
                 ALLOWANCE_LINE,
-                f"Included allowance ({plan_name})",
+                f"Included allowance ({month.plan})",
                 None,
-                -min(included, allowance_total),
+                -taken.allowance_nano,
             )
         )
+    if adjustment:
+        preview.lines.append(InvoiceLine(ADJUSTMENTS_LINE, "Adjustments", None, int(adjustment)))
     return preview
 
 

@@ -9,16 +9,37 @@ used for comparisons only (exact below 2^53 nano-USD, about $9M per org and peri
 
 from __future__ import annotations
 
+# An org's budget hash counts budget units: the plan's allowance is consumed at allowance
+# cost (list / the promotion's multiplier) until it runs out, then overage counts its list
+# cost against the overage budget; the cap is allowance plus overage budget. BUDGET_UNITS
+# is billing.allowance.budget_units: what a request of list cost `list` adds after `used`
+# (its allowance cost list * den / num is exact, the price book guarantees it; the values
+# stay far below 2^53, where Lua's doubles are exact).
+BUDGET_UNITS = """
+local function budget_units(list, num, den, included, used)
+  local left = included - used
+  if left <= 0 then return list end
+  local cost = list * den / num
+  if cost <= left then return cost end
+  return left + list - math.ceil(left * num / den)
+end
+"""
+
 # Keys: 1 the API key's rate-limit hash (GCRA states of rpm and tpm), 2 org suspended,
 #       3 customer suspended, then the org's budget of the period the gateway expects:
 #       4 its hash (used, reserved), 5 its reservations' expiries, 6 their amounts.
-# Argv: 1 rpm, 2 tpm, 3 tokens, 4 worst nano, 5 period cap nano, 6 request id,
-#       7 reservation ttl s, 8 the period of keys 4-6.
+# Argv: 1 rpm, 2 tpm, 3 tokens, 4 worst list cost nano, 5 period cap (budget units),
+#       6 request id, 7 reservation ttl s, 8 the period of keys 4-6, 9 and 10 the
+#       promotion's multiplier (numerator, denominator), 11 the plan's allowance nano.
+# The reservation is the worst case's budget units as if every reservation held were
+# already used: an upper bound of what the request adds, whatever settles first.
 # Every key is declared (a Redis Cluster requires it, to route the call and to move the
 # keys during a resharding); so the gateway names the period, and the script answers
 # 'period' with Redis's own when they differ (a month boundary between the two clocks).
 # Few redis.call()s on purpose: each costs a few microseconds, and this runs per request.
-ADMIT = """
+ADMIT = (
+    BUDGET_UNITS
+    + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local window = 60000000
@@ -79,14 +100,17 @@ local budget = redis.call('HMGET', bkey, 'used', 'reserved')
 local used = tonumber(budget[1] or '0')
 local reserved = tonumber(budget[2] or '0')
 local cap = tonumber(ARGV[5])
-if redis.call('HSETNX', akey, ARGV[6], ARGV[4]) == 1 then
-  if used + reserved + tonumber(ARGV[4]) > cap then
+local units = budget_units(tonumber(ARGV[4]), tonumber(ARGV[9]), tonumber(ARGV[10]),
+  tonumber(ARGV[11]), used + reserved)
+local amount = string.format('%d', units)
+if redis.call('HSETNX', akey, ARGV[6], amount) == 1 then
+  if used + reserved + units > cap then
     redis.call('HDEL', akey, ARGV[6])
     return {'quota', req[4], math.ceil(req[5]), tok[4], math.ceil(tok[5]), period}
   end
-  redis.call('HINCRBY', bkey, 'reserved', ARGV[4])
+  redis.call('HINCRBY', bkey, 'reserved', amount)
   redis.call('ZADD', rkey, now + tonumber(ARGV[7]) * 1000000, ARGV[6])
-  reserved = reserved + tonumber(ARGV[4])
+  reserved = reserved + units
   if not budget[1] and not budget[2] then
     -- First use of this org's period: its keys outlive the month, then go.
     local keep_s = 70 * 86400
@@ -94,25 +118,31 @@ if redis.call('HSETNX', akey, ARGV[6], ARGV[4]) == 1 then
     redis.call('EXPIRE', akey, keep_s)
     redis.call('EXPIRE', rkey, keep_s)
   end
+else  -- admitted before (a retried call): what it holds
+  amount = redis.call('HGET', akey, ARGV[6])
 end
 redis.call('HSET', KEYS[1], 'rpm', string.format('%d', req[1]), 'tpm', string.format('%d', tok[1]))
 redis.call('PEXPIRE', KEYS[1], 120000)
 return {'ok', req[3], math.ceil(req[1] - now), tok[3], math.ceil(tok[1] - now), period,
-  string.format('%d', cap - used - reserved)}
+  string.format('%d', cap - used - reserved), amount}
 """
+)
 
 # Settles a batch of requests (billing/settlement.py), each exactly once.
 # Keys: five per request: its settled marker, its shard's usage stream, and its org's
 #       budget of the period: hash, reservations' expiries, their amounts. (On a Redis
 #       Cluster a batch holds one shard's requests: every key is in one slot.)
-# Argv: 1 marker ttl s, then three per request: its reservation's id (the request id,
-#       or the id of the admission made ahead that it took), allowance consumed nano,
-#       event json.
+# Argv: 1 marker ttl s, then six per request: its reservation's id (the request id, or
+#       the id of the admission made ahead that it took), its list cost nano, its
+#       promotion's multiplier (numerator, denominator), its plan's allowance nano, and
+#       its event json. It adds BUDGET_UNITS to the budget's used.
 # Returns, per request, 1 if this call settled it, 0 if it was settled before, or the
 # error reply that stopped it ("OOM ...", "WRONGTYPE ..."): one request's failure is not
 # the batch's. Redis refusing writes (OOM, READONLY) fails a request's first write, its
 # marker, so such a request applied nothing and can be sent again.
-SETTLE = """
+SETTLE = (
+    BUDGET_UNITS
+    + """
 local function settle(k, a)
   if not redis.call('SET', KEYS[k], '1', 'NX', 'EX', ARGV[1]) then
     return 0
@@ -124,14 +154,17 @@ local function settle(k, a)
     redis.call('HDEL', akey, ARGV[a])
     redis.call('ZREM', KEYS[k + 3], ARGV[a])
   end
-  redis.call('HINCRBY', bkey, 'used', ARGV[a + 1])
+  local used = tonumber(redis.call('HGET', bkey, 'used') or '0')
+  local units = budget_units(tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]),
+    tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), used)
+  redis.call('HINCRBY', bkey, 'used', string.format('%d', units))
   redis.call('EXPIRE', bkey, 70 * 86400)
-  redis.call('XADD', KEYS[k + 1], '*', 'event', ARGV[a + 2])
+  redis.call('XADD', KEYS[k + 1], '*', 'event', ARGV[a + 5])
   return 1
 end
 local outcomes = {}
 for i = 1, #KEYS / 5 do
-  local ok, result = pcall(settle, (i - 1) * 5 + 1, (i - 1) * 3 + 2)
+  local ok, result = pcall(settle, (i - 1) * 5 + 1, (i - 1) * 6 + 2)
   if ok then
     outcomes[i] = result
   else
@@ -141,6 +174,7 @@ for i = 1, #KEYS / 5 do
 end
 return outcomes
 """
+)
 
 # Keys: the reservation sorted set of each reservation renewed (one key per entry).
 # Argv: 1 reservation ttl s, 2.. the request id of each entry, in the order of the keys.
@@ -159,14 +193,14 @@ return renewed
 
 # Admits up to n requests of one key and shape ahead of their arrival (billing/ahead.py):
 # ADMIT's own check and update, run once per id, in one call, stopping at the first
-# refusal. Keys: ADMIT's. Argv: ADMIT's, with 6 unused, then 9.. the id of each admission.
+# refusal. Keys: ADMIT's. Argv: ADMIT's, with 6 unused, then 12.. the id of each admission.
 # Returns ADMIT's reply for each id up to and including the first that is not 'ok'.
 ADMIT_AHEAD = (
     "local function admit(rid)\n"
     + ADMIT.replace("ARGV[6]", "rid")
     + """end
 local replies = {}
-for i = 9, #ARGV do
+for i = 12, #ARGV do
   local reply = admit(ARGV[i])
   replies[#replies + 1] = reply
   if reply[1] ~= 'ok' then break end

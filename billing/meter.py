@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from serving.vocabulary import Tier
 
@@ -105,6 +105,10 @@ class UsageReport:
     ended_at: datetime
     outcome: Outcome
     customer_id: str | None = None
+    #: Of the completion tokens, those spent reasoning (None: the engine did not say).
+    reasoning_tokens: int | None = None
+    #: The client's own ``x-request-id``, if it sent one (its receipt can be found by it).
+    client_request_id: str | None = None
 
 
 class Meter(Protocol):
@@ -118,6 +122,12 @@ class Meter(Protocol):
     async def settle(self, admission: Admission, usage: UsageReport) -> None: ...
 
     def settle_nowait(self, admission: Admission, usage: UsageReport) -> None: ...
+
+    def usage_cost(self, usage: UsageReport) -> dict[str, Any] | None:
+        """What the request costs, for its answer's ``usage.cstack_cost`` (JSON-ready,
+        integer nano-USD), priced as its usage will be billed; None where nothing is
+        metered or it cannot be priced. Never raises."""
+        ...
 
     async def aclose(self) -> None: ...
 
@@ -135,6 +145,9 @@ class UnmeteredMeter:
         return None
 
     def settle_nowait(self, admission: Admission, usage: UsageReport) -> None:
+        return None
+
+    def usage_cost(self, usage: UsageReport) -> dict[str, Any] | None:
         return None
 
     async def aclose(self) -> None:

@@ -68,3 +68,35 @@ stripe_last_success = Gauge(
     "When a Stripe sync last succeeded.",
     multiprocess_mode="livemax",
 )
+orgs_without_stripe_customer = Gauge(
+    "cstack_orgs_without_stripe_customer",
+    "Orgs with usage this month or last and no Stripe customer: their usage is not "
+    "invoiced until an admin sets one (`cstack billing reconcile --all` lists them).",
+    multiprocess_mode="livemax",
+)
+# The daily `cstack billing reconcile --all` of the billing worker (billing/reconcile_all.py).
+# No org or customer id as a label (they identify customers, and a series per org would
+# grow with the customer base): the count of orgs that differ and the sum of their
+# absolute differences; the worker's log names each org with its difference.
+reconcile_orgs_differing = Gauge(
+    "cstack_billing_reconcile_orgs_differing",
+    "Orgs whose Stripe items differed from the ledger's invoice at the last daily reconcile.",
+    multiprocess_mode="livemax",
+)
+reconcile_difference_nano_usd = Gauge(
+    "cstack_billing_reconcile_difference_nano_usd",
+    "Sum over orgs of the absolute difference between Stripe's items and the ledger's "
+    "invoice lines at the last daily reconcile (nano-USD).",
+    multiprocess_mode="livemax",
+)
+reconcile_upcoming_difference_nano_usd = Gauge(
+    "cstack_billing_reconcile_upcoming_difference_nano_usd",
+    "Sum over customers of what their upcoming Stripe invoice holds beyond the ledger's "
+    "items and the items not from the ledger, at the last daily reconcile (nano-USD).",
+    multiprocess_mode="livemax",
+)
+reconcile_last_run = Gauge(
+    "cstack_billing_reconcile_last_run_timestamp_seconds",
+    "When the daily reconcile last completed.",
+    multiprocess_mode="livemax",
+)

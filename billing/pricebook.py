@@ -55,7 +55,9 @@ class Plan:
 
     @property
     def period_cap_nano(self) -> int:
-        """Allowance units an org may consume per period: allowance plus overage budget."""
+        """Budget units an org may consume per period: its allowance (consumed at allowance
+        cost, list / a promotion's multiplier) plus its overage budget (list dollars):
+        billing.allowance.budget_units."""
         return self.included_nano + (self.overage_budget_nano if self.overage_billed else 0)
 
 
@@ -66,7 +68,8 @@ class Promotion:
     #: Exclusive end: the window is ``[starts_at, ends_at)``.
     ends_at: datetime
     models: tuple[str, ...]
-    #: Usage is multiplied this much per allowance dollar: allowance x multiplier = list.
+    #: The allowance is multiplied this much: usage counts 1/multiplier against it
+    #: (allowance cost x multiplier = list cost). Overage stays at list price.
     usage_multiplier: Fraction
 
     def applies(self, model: str, at: datetime) -> bool:
@@ -116,6 +119,12 @@ class PriceBook:
             return self.plans[name]
         except KeyError:
             raise PriceBookError(f"plan {name!r} is not in the price book") from None
+
+    def included_nano(self, plan: str | None) -> int:
+        """The allowance of ``plan`` (none for no plan, or one gone from the book: its
+        usage is overage)."""
+        found = self.plans.get(plan) if plan is not None else None
+        return found.included_nano if found is not None else 0
 
 
 def _instant(raw: Any, where: str) -> datetime:

@@ -56,14 +56,11 @@ class Charge(NamedTuple):
     output_nano: int
     #: What the usage would cost at list price (what invoices show before promotions).
     list_cost_nano: int
-    #: What it consumes of the plan's allowance: list cost / usage multiplier, exactly.
-    allowance_consumed_nano: int
+    #: What it takes of the plan's allowance while enough is left: list cost / usage
+    #: multiplier, exactly (billing.allowance splits the month in start order).
+    allowance_cost_nano: int
     usage_multiplier: Fraction
     promotion_id: str | None
-
-    @property
-    def promotion_savings_nano(self) -> int:
-        return self.list_cost_nano - self.allowance_consumed_nano
 
 
 #: The usage multiplier outside any promotion (made once: a Fraction costs to construct).
@@ -111,7 +108,7 @@ def charge(
         cached_input_nano=cached_nano,
         output_nano=output_nano,
         list_cost_nano=list_cost,
-        allowance_consumed_nano=allowance,
+        allowance_cost_nano=allowance,
         usage_multiplier=multiplier,
         promotion_id=promotion.id if promotion else None,
     )

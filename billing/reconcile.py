@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import stripe
 from sqlalchemy import Connection, Engine, exists, select
 
+from billing.customers import org_customer
 from billing.invoice import read_invoice
 from billing.ledger import StripeInvoiceItem, UsageAdjustment, UsageRow
 from billing.money import format_cents
@@ -25,10 +26,14 @@ from billing.stripe_api import (
     LINE,
     ORG,
     PERIOD,
+    StripeItem,
     list_invoice_items,
     upcoming_invoice_total,
 )
-from billing.stripe_sync import customer_for, pending_items
+from billing.stripe_sync import pending_items
+
+#: How a Stripe item that carries none of the sync's metadata is named among the lines.
+NOT_FROM_LEDGER = "not from the ledger"
 
 
 class CannotReconcile(ValueError):
@@ -116,7 +121,7 @@ def _org_known(connection: Connection, org_id: str) -> bool:
 
 
 def stripe_customers(connection: Connection, org_id: str, period: str) -> list[str]:
-    """Customers that may hold the period's items: those posted to, and the current one."""
+    """Customers that may hold the period's items: those posted to, and the org's own."""
     customers = set(
         connection.execute(
             select(StripeInvoiceItem.customer_id)
@@ -124,49 +129,63 @@ def stripe_customers(connection: Connection, org_id: str, period: str) -> list[s
             .distinct()
         ).scalars()
     )
-    current = (
-        customer_for(connection, org_id, period)
-        or connection.execute(
-            # No usage in the period: the org's latest customer (whose items must then be none).
-            select(UsageRow.customer_id)
-            .where(UsageRow.org_id == org_id, UsageRow.customer_id.is_not(None))
-            .order_by(UsageRow.id.desc())
-            .limit(1)
-        ).scalar_one_or_none()
-    )
+    current = org_customer(connection, org_id)
     if current is not None:
         customers.add(current)
     return sorted(customers)
 
 
-def reconcile(
-    engine: Engine, book: PriceBook, client: stripe.StripeClient, org_id: str, period: str
+def compare_org(
+    connection: Connection,
+    book: PriceBook,
+    org_id: str,
+    period: str,
+    items: dict[str, list[StripeItem]],
+    *,
+    with_others: bool = True,
 ) -> Reconciliation:
+    """``org_id``'s invoice for ``period`` against Stripe's ``items`` of each of its
+    customers (``stripe_customers``), line by line; ``with_others``: items not from the
+    ledger whose service period starts in the month are lines too."""
     lower, upper = period_bounds(period)
-    with engine.connect() as connection:
-        if not _org_known(connection, org_id):
-            raise CannotReconcile(f"unknown org {org_id!r}: the ledger has nothing for it")
-        customers = stripe_customers(connection, org_id, period)
-        invoice = read_invoice(connection, book, org_id, period)
-    if not customers:
-        raise CannotReconcile(f"org {org_id!r} has no Stripe customer in the ledger")
+    invoice = read_invoice(connection, book, org_id, period)
     ledger = {line.key: line.amount_cents for line in invoice.lines}
     posted: dict[str, int] = defaultdict(int)
+    customers = sorted(items)
     result = Reconciliation(org_id=org_id, period=period, customers=customers)
     for customer in customers:
-        for item in list_invoice_items(client, customer):
+        for item in items[customer]:
             if ORG in item.metadata:
                 if item.metadata[ORG] == org_id and item.metadata.get(PERIOD) == period:
                     posted[item.metadata.get(LINE, "(no line)")] += item.amount_cents
-            elif item.period_start is not None and (
-                lower.timestamp() <= item.period_start < upper.timestamp()
+            elif (
+                with_others
+                and item.period_start is not None
+                and lower.timestamp() <= item.period_start < upper.timestamp()
             ):
-                posted[f"not from the ledger: {item.id} {item.description}"] += item.amount_cents
-        result.upcoming[customer] = upcoming_invoice_total(client, customer)
+                posted[f"{NOT_FROM_LEDGER}: {item.id} {item.description}"] += item.amount_cents
     order = [line.key for line in invoice.lines] + sorted(posted.keys() - ledger.keys())
     result.lines = [
         LineComparison(key=key, ledger_cents=ledger.get(key, 0), stripe_cents=posted.get(key, 0))
         for key in order
     ]
-    result.unsent = pending_items(engine, org_id, period)
+    result.unsent = pending_items(connection, org_id, period)
+    return result
+
+
+def reconcile(
+    engine: Engine, book: PriceBook, client: stripe.StripeClient, org_id: str, period: str
+) -> Reconciliation:
+    period_bounds(period)
+    with engine.connect() as connection:
+        if not _org_known(connection, org_id):
+            raise CannotReconcile(f"unknown org {org_id!r}: the ledger has nothing for it")
+        customers = stripe_customers(connection, org_id, period)
+    if not customers:
+        raise CannotReconcile(f"org {org_id!r} has no Stripe customer")
+    items = {customer: list_invoice_items(client, customer) for customer in customers}
+    with engine.connect() as connection:
+        result = compare_org(connection, book, org_id, period, items)
+    for customer in customers:
+        result.upcoming[customer] = upcoming_invoice_total(client, customer)
     return result

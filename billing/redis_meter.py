@@ -29,7 +29,7 @@ from billing import metrics
 from billing.ahead import ADMIT_AHEAD_SCRIPT, RELEASE_AHEAD_SCRIPT, AdmissionsAhead, headroom
 from billing.batching import Script, ScriptBatcher
 from billing.cluster import ClusterScripts
-from billing.events import usage_event_fields, usage_event_json
+from billing.events import answer_cost, usage_event_fields, usage_event_json
 from billing.headers import admission_headers
 from billing.keyspace import Keyspace
 from billing.lua import ADMIT, RENEW
@@ -194,11 +194,14 @@ class RedisMeter:
                         plan.rpm,
                         plan.tpm,
                         tokens,
-                        worst.allowance_consumed_nano,
+                        worst.list_cost_nano,
                         plan.period_cap_nano,
                         request.request_id,
                         self.settings.reservation_ttl_s,
                         self._period,
+                        worst.usage_multiplier.numerator,
+                        worst.usage_multiplier.denominator,
+                        plan.included_nano,
                     ],
                 )
                 if reply[0] != b"period":
@@ -207,7 +210,7 @@ class RedisMeter:
             else:  # the month turned between the two calls: no admission without its check
                 raise billing_unavailable()
         except (*REDIS_DOWN, *SLOT_MOVING) as exc:
-            return self._admit_without_redis(request, worst.allowance_consumed_nano, exc)
+            return self._admit_without_redis(request, worst.list_cost_nano, exc)
         except redis_errors.ResponseError as exc:  # Redis refusing writes (OOM, READONLY)
             logger.warning("refused %s: Redis refused admission (%s)", request.request_id, exc)
             raise billing_unavailable() from exc
@@ -256,7 +259,7 @@ class RedisMeter:
             request.request_id,
             request.max_duration_s,
         )
-        worst_nano = worst.allowance_consumed_nano
+        reserved = int(reply[7])
         left_requests, left_tokens, left_budget = int(reply[1]), int(reply[3]), int(reply[6])
         self.ahead.admitted(
             request, left_requests=left_requests, left_tokens=left_tokens, left_budget=left_budget
@@ -264,9 +267,9 @@ class RedisMeter:
         return Admission(
             request=request,
             headers=headers,
-            reserved_nano_usd=worst_nano,
+            reserved_nano_usd=reserved,
             reservation_id=reservation_id,
-            headroom=headroom(left_requests, left_tokens, left_budget, tokens, worst_nano),
+            headroom=headroom(left_requests, left_tokens, left_budget, tokens, reserved),
         )
 
     def _shard(self, org_id: str) -> str:
@@ -318,7 +321,7 @@ class RedisMeter:
             self.reservations.release(admission.reservation_id)
         record = self._priced(admission, usage)
         if not admission.reservation_id:
-            self.local_allowance.settle(usage.request_id, record["allowance_nano_usd"])
+            self.local_allowance.settle(usage.request_id, record["list_nano_usd"])
         return record
 
     def _priced_later(self, admission: Admission, usage: UsageReport) -> Record | None:
@@ -343,16 +346,27 @@ class RedisMeter:
                 usage.tier, usage.outcome
             )
         counted.inc()
+        multiplier = event["promotion_multiplier"]
         record: Record = {
             "org_id": usage.org_id,
             "period": period,
             "event_id": usage.request_id,
-            "allowance_nano_usd": event["allowance_consumed_nano_usd"],
+            # What the settle script adds to the budget (billing.allowance.budget_units).
+            "list_nano_usd": event["list_cost_nano_usd"],
+            "multiplier": multiplier,
+            "included_nano_usd": self.book.included_nano(admission.request.plan),
             "event": usage_event_json(event),
         }
         if reservation != usage.request_id:  # an admission made ahead: its own id
             record["reservation"] = reservation
         return record
+
+    def usage_cost(self, usage: UsageReport) -> dict[str, Any] | None:
+        try:
+            return answer_cost(self.book, usage)
+        except Exception:  # an answer goes out without its cost rather than not at all
+            logger.exception("cannot price the answer of request %s", usage.request_id)
+            return None
 
     async def _renew(self, keys: list[str], args: list[str]) -> int:
         """Push the reservations' expiries (``args``: the TTL, then a member per key). On

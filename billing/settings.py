@@ -50,8 +50,9 @@ class BillingSettings(CstackSettings):
     #: reaches the ledger through the disk spool either way. A Redis that accepted a command
     #: and then timed out always fails closed: the script may have run.
     admission_when_redis_down: Literal["fail_closed", "local_allowance"] = "local_allowance"
-    #: Per gateway and outage: worst-case cost of the requests in flight plus the actual
-    #: cost of those finished ($2 by default), and the number of requests admitted. A
+    #: Per gateway and outage: worst-case list cost of the requests in flight plus the
+    #: actual list cost of those finished ($2 by default), and the number of requests
+    #: admitted. A
     #: `cstack gateway --workers N` gives each worker process 1/N (gateway/workers.py).
     redis_down_allowance_nano_usd: int = Field(default=2_000_000_000, ge=0)
     redis_down_allowance_requests: int = Field(default=500, ge=0)
@@ -97,6 +98,11 @@ class BillingSettings(CstackSettings):
     #: upcoming invoice follows usage). Production leaves it off: each sync that sees new
     #: usage adds a delta item per changed line, and an invoice should not carry hundreds.
     stripe_post_open_periods: bool = False
+
+    #: The hour (UTC) of the worker's daily `cstack billing reconcile --all` of the last
+    #: month (and of the running one where it is posted as it fills): after the customers'
+    #: Stripe invoices are made (an anchor at 02:00 UTC on the 1st, after the grace).
+    reconcile_hour_utc: int = Field(default=3, ge=0, le=23)
 
     #: Prometheus port of the billing worker / beat (none: no endpoint).
     metrics_port: int | None = None

@@ -1,4 +1,5 @@
-"""The Stripe calls billing makes, through stripe-python: invoice items and the upcoming invoice.
+"""The Stripe calls billing makes, through stripe-python: invoice items (created, updated,
+deleted, read back), their invoices' state, and the upcoming invoice.
 
 One place for the client's configuration and for the request shapes, so that the sync
 (billing/stripe_sync.py) and `cstack billing reconcile` (billing/reconcile.py) read and
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 import stripe
 
@@ -19,6 +21,8 @@ ORG = "cstack_org"
 PERIOD = "cstack_period"
 LINE = "cstack_line"
 REVISION = "cstack_revision"
+#: "line" or "adjustment" (items posted before adjustments existed have none).
+KIND = "cstack_kind"
 #: Stripe's page size limit for list calls.
 PAGE = 100
 
@@ -46,36 +50,63 @@ class StripeItem:
     period_start: int | None
     #: The invoice it is on; None while it is pending (the next invoice will take it).
     invoice: str | None
+    quantity: int = 1
+    #: Cents per unit when the item is quantity x unit amount (None: an amount).
+    unit_amount_decimal: str | None = None
 
 
 def create_invoice_item(
-    client: stripe.StripeClient,
-    *,
-    customer: str,
-    amount_cents: int,
-    description: str,
-    metadata: dict[str, str],
-    service_period: tuple[datetime, datetime],
-    idempotency_key: str,
+    client: stripe.StripeClient, params: dict[str, Any], idempotency_key: str
 ) -> str:
-    """Post one amount-only item (no quantity x unit price: Stripe would round that itself)."""
-    start, end = service_period
+    """Post one item (``params``: billing.stripe_items builds them); its id."""
     item = client.v1.invoice_items.create(
-        params={
-            "customer": customer,
-            "amount": amount_cents,
-            "currency": "usd",
-            "description": description,
-            "metadata": metadata,
-            # The month the usage belongs to, shown on the invoice; the end is inclusive.
-            "period": {
-                "start": int(start.timestamp()),
-                "end": int((end - timedelta(seconds=1)).timestamp()),
-            },
-        },
+        params=params,  # type: ignore[arg-type]
         options={"idempotency_key": idempotency_key},
     )
     return str(item.id)
+
+
+def update_invoice_item(
+    client: stripe.StripeClient, item_id: str, params: dict[str, Any], idempotency_key: str
+) -> None:
+    """Change an item in place (Stripe refuses once its invoice is finalized)."""
+    client.v1.invoice_items.update(
+        item_id,
+        params=params,  # type: ignore[arg-type]
+        options={"idempotency_key": idempotency_key},
+    )
+
+
+def delete_invoice_item(client: stripe.StripeClient, item_id: str) -> None:
+    """Remove an item (Stripe refuses once its invoice is finalized); one already gone is
+    gone."""
+    try:
+        client.v1.invoice_items.delete(item_id)
+    except stripe.InvalidRequestError as exc:
+        if exc.code != "resource_missing":
+            raise
+
+
+def finalized_invoice(client: stripe.StripeClient, item_id: str) -> str | None:
+    """The invoice ``item_id`` is on when that invoice is no longer a draft (the item can
+    no longer change), else None."""
+    item = client.v1.invoice_items.retrieve(item_id).to_dict()
+    invoice = item.get("invoice")
+    if not invoice:
+        return None
+    invoice_id = str(invoice["id"] if isinstance(invoice, dict) else invoice)
+    status = client.v1.invoices.retrieve(invoice_id).to_dict().get("status")
+    return None if status == "draft" else invoice_id
+
+
+def service_period(start: datetime, end: datetime) -> dict[str, int]:
+    """A month as an item's service period (shown on the invoice; its end is inclusive)."""
+    return {"start": int(start.timestamp()), "end": int((end - timedelta(seconds=1)).timestamp())}
+
+
+def _unit_amount(pricing: Any) -> str | None:
+    unit = (pricing or {}).get("unit_amount_decimal")
+    return None if unit is None else str(unit)
 
 
 def list_invoice_items(client: stripe.StripeClient, customer: str) -> list[StripeItem]:
@@ -97,6 +128,8 @@ def list_invoice_items(client: stripe.StripeClient, customer: str) -> list[Strip
                 invoice=str(invoice["id"] if isinstance(invoice, dict) else invoice)
                 if invoice
                 else None,
+                quantity=int(data.get("quantity") or 1),
+                unit_amount_decimal=_unit_amount(data.get("pricing")),
             )
         )
     return items

@@ -1,39 +1,43 @@
-"""Stripe invoices what the ledger invoices, to the cent: invoice items mirror invoice lines.
+"""Stripe invoices what the ledger invoices, to the cent: an invoice item per invoice line.
 
-Each line of an (org, period) invoice (billing/invoice.py: usage per tier, direction and
-price version at list price, the launch promotion credit, the included-allowance credit,
-adjustments) has a stable key, and the Stripe invoice items of that (org, period, key)
-add up to the line's rounded cents. Two steps:
+Two steps, run by the billing worker (one at a time, under a Redis lock):
 
 ``plan_changed_invoices``: every ledger write queues its (org, period) in
-``stripe_invoice_changes``. For each queued period that is due, one transaction recomputes
-the invoice from the ledger, compares each line with the items planned so far, records a
-pending item for every difference (the line's next revision) and dequeues the period
-unless a write queued it again meanwhile. Late usage is simply another difference.
+``stripe_invoice_changes``. For each queued period that is due and whose org has a Stripe
+customer, one transaction recomputes the invoice from the ledger and points each line's
+item at it (billing/stripe_items.py: made, changed in place, removed, or an adjustment
+once the item was finalized), then dequeues the period unless a write queued it again
+meanwhile.
 
-``send_invoice_items``: each pending item is posted with the idempotency key
-``cstack.{org}.{period}.{line}.{revision}``, so a resend after a crash or a lost answer
-replays Stripe's first answer instead of adding a second item; failures back off
-exponentially per item. Stripe forgets idempotency keys after a day, so an item first
-tried longer ago than that is looked for among the customer's items before it is posted.
+``send_invoice_items``: brings Stripe to each pending item. A new item is posted with the
+idempotency key ``cstack.{org}.{period}.{line}.{revision}`` and the parameters fixed at its
+first attempt, so a resend after a crash or a lost answer replays Stripe's first answer
+instead of adding a second item; Stripe forgets keys after a day, so an item first tried
+longer ago is looked for among the customer's items first. A change is an update of the
+item (its key suffixed by the update's number), and a removal a delete, each made only
+after Stripe says the item's invoice is still a draft or there is none: an item on a
+finalized invoice is marked ``final`` with what Stripe holds, and its period queued again,
+so the difference becomes an adjustment. Failures back off exponentially per item.
 """
 
 from __future__ import annotations
 
-import hashlib
+import json
 import logging
-from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from types import SimpleNamespace
 from typing import Any
 
 import stripe
-from sqlalchemy import Connection, Engine, Row, delete, func, insert, select, update
+from sqlalchemy import Connection, Engine, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 
 from billing import metrics
-from billing.invoice import read_invoice
-from billing.ledger import InvoiceChange, StripeInvoiceItem, UsageRow
+from billing.customers import orgs_without_customer
+from billing.ledger import InvoiceChange, OrgCustomer, StripeInvoiceItem
+from billing.ledger.writes import queue_invoice_changes
 from billing.periods import period_bounds, period_of
 from billing.pricebook import PriceBook, PriceBookError
 from billing.settings import BillingSettings
@@ -43,38 +47,44 @@ from billing.stripe_api import (
     PERIOD,
     REVISION,
     create_invoice_item,
+    delete_invoice_item,
+    finalized_invoice,
     list_invoice_items,
+    service_period,
     stripe_client,
+    update_invoice_item,
+)
+from billing.stripe_items import (
+    MAX_IDEMPOTENCY_KEY,
+    ItemFields,
+    idempotency_key,
+    item_metadata,
+    plan_period,
+    row_fields,
+    stripe_state,
 )
 
 logger = logging.getLogger(__name__)
 
-MAX_IDEMPOTENCY_KEY = 255
 PLAN_PERIODS_PER_RUN = 500
 SEND_PER_RUN = 1_000
 #: Stripe prunes idempotency keys once they are 24 hours old; an hour of margin.
 IDEMPOTENCY_WINDOW = timedelta(hours=23)
 
+__all__ = ["idempotency_key", "plan_period", "sync_stripe"]
+
 
 @dataclass
 class SyncResult:
+    #: Items made or changed by the plan.
     planned: int = 0
+    #: Items Stripe was brought to (created, updated or deleted).
     sent: int = 0
     failed: int = 0
     #: Periods that could not be planned (a price version missing from the book...).
     plan_errors: int = 0
-
-
-def idempotency_key(org_id: str, period: str, line_key: str, revision: int) -> str:
-    """Deterministic per item, within Stripe's 255 characters."""
-    key = f"cstack.{org_id}.{period}.{line_key}.{revision}"
-    if len(key) <= MAX_IDEMPOTENCY_KEY:
-        return key
-    return "cstack." + hashlib.sha256(key.encode()).hexdigest()
-
-
-def item_metadata(org_id: str, period: str, line_key: str, revision: int) -> dict[str, str]:
-    return {ORG: org_id, PERIOD: period, LINE: line_key, REVISION: str(revision)}
+    #: Items found on a finalized invoice (their line's change becomes an adjustment).
+    finalized: int = 0
 
 
 def first_open_period(now: datetime, settings: BillingSettings) -> str | None:
@@ -84,79 +94,17 @@ def first_open_period(now: datetime, settings: BillingSettings) -> str | None:
     return period_of(now - timedelta(seconds=settings.stripe_invoice_grace_s))
 
 
-def customer_for(connection: Connection, org_id: str, period: str) -> str | None:
-    """The Stripe customer of the org's latest usage in the period that names one."""
-    lower, upper = period_bounds(period)
-    return connection.execute(
-        select(UsageRow.customer_id)
-        .where(UsageRow.org_id == org_id, UsageRow.customer_id.is_not(None))
-        .where(UsageRow.started_at >= lower, UsageRow.started_at < upper)
-        .order_by(UsageRow.id.desc())
-        .limit(1)
-    ).scalar_one_or_none()
-
-
-def plan_period(
-    connection: Connection, book: PriceBook, org_id: str, period: str, now: datetime
-) -> int:
-    """Record the items that bring Stripe to the ledger's invoice; returns how many."""
-    customer = customer_for(connection, org_id, period)
-    if customer is None:
-        return 0  # not billed through Stripe; a later write that names a customer re-queues
-    invoice = read_invoice(connection, book, org_id, period)
-    planned_cents: dict[str, int] = defaultdict(int)
-    revisions: dict[str, int] = {}
-    descriptions: dict[str, str] = {}
-    for row in connection.execute(
-        select(
-            StripeInvoiceItem.line_key,
-            StripeInvoiceItem.revision,
-            StripeInvoiceItem.amount_cents,
-            StripeInvoiceItem.description,
-        )
-        .where(StripeInvoiceItem.org_id == org_id, StripeInvoiceItem.period == period)
-        .order_by(StripeInvoiceItem.revision)
-    ):
-        planned_cents[row.line_key] += row.amount_cents
-        revisions[row.line_key] = row.revision
-        descriptions[row.line_key] = row.description
-    ledger_cents = {line.key: line.amount_cents for line in invoice.lines}
-    descriptions.update({line.key: line.description for line in invoice.lines})
-    items = []
-    # A line can also vanish (a credit brought back to zero): its items must sum to 0.
-    for key in sorted(ledger_cents.keys() | planned_cents.keys()):
-        delta = ledger_cents.get(key, 0) - planned_cents.get(key, 0)
-        if delta == 0:
-            continue
-        revision = revisions.get(key, 0) + 1
-        items.append(
-            {
-                "org_id": org_id,
-                "period": period,
-                "line_key": key,
-                "revision": revision,
-                "customer_id": customer,
-                "amount_cents": delta,
-                "description": descriptions[key],
-                "idempotency_key": idempotency_key(org_id, period, key, revision),
-                "status": "pending",
-                "attempts": 0,
-                "next_attempt_at": now,
-                "created_at": now,
-            }
-        )
-    if items:
-        # (org, period, line, revision) is unique: a concurrent planner fails here instead
-        # of planning the same difference twice.
-        connection.execute(insert(StripeInvoiceItem), items)
-    return len(items)
-
-
 def plan_changed_invoices(
     engine: Engine, book: PriceBook, settings: BillingSettings, now: datetime
 ) -> tuple[int, int]:
-    """Plan every queued period that is due; returns (items planned, periods that failed)."""
-    query = select(InvoiceChange).order_by(InvoiceChange.period, InvoiceChange.org_id)
+    """Plan every queued period that is due; returns (items planned, periods that failed).
+    Periods of orgs without a Stripe customer stay queued until they have one."""
+    with_customer = select(OrgCustomer.org_id).where(OrgCustomer.customer_id.is_not(None))
+    query = (
+        select(InvoiceChange)
+        .where(InvoiceChange.org_id.in_(with_customer))
+        .order_by(InvoiceChange.period, InvoiceChange.org_id)
+    )
     open_from = first_open_period(now, settings)
     if open_from is not None:
         query = query.where(InvoiceChange.period < open_from)
@@ -190,37 +138,125 @@ def backoff(attempts: int, settings: BillingSettings) -> timedelta:
     return timedelta(seconds=seconds)
 
 
-def _already_in_stripe(client: stripe.StripeClient, item: Row[Any]) -> str | None:
-    """The id of the Stripe item an earlier attempt created, if one did."""
-    wanted = item_metadata(item.org_id, item.period, item.line_key, item.revision)
-    for posted in list_invoice_items(client, item.customer_id):
-        if all(posted.metadata.get(k) == v for k, v in wanted.items()):
-            return posted.id
-    return None
+class ItemSender:
+    """Brings Stripe to one pending item, committing each step before the next request."""
+
+    def __init__(self, engine: Engine, client: stripe.StripeClient, now: datetime) -> None:
+        self.engine, self.client, self.now = engine, client, now
+
+    def save(self, item: Any, **values: Any) -> None:
+        with self.engine.begin() as connection:
+            connection.execute(
+                update(StripeInvoiceItem).where(StripeInvoiceItem.id == item.id).values(**values)
+            )
+
+    def send(self, item: Any) -> str:
+        """What was done: created, updated, deleted, finalized (found final) or dropped."""
+        if item.stripe_item_id is None:
+            if item.removal and item.first_attempt_at is None:
+                self.save(item, status="deleted")
+                return "dropped"
+            item_id, created_state = self._create(item)
+            self.save(item, stripe_item_id=item_id, stripe_state=created_state)
+            item.stripe_item_id, item.stripe_state = item_id, created_state
+        wanted = stripe_state(row_fields(item))
+        if not item.removal and item.stripe_state == wanted:
+            self.save(item, status="sent", sent_at=self.now)
+            return "created"
+        invoice = finalized_invoice(self.client, item.stripe_item_id)
+        if invoice is not None:
+            self._finalized(item, invoice)
+            return "finalized"
+        if item.removal:
+            delete_invoice_item(self.client, item.stripe_item_id)
+            self.save(item, status="deleted", sent_at=self.now)
+            return "deleted"
+        body = json.dumps(row_fields(item).params(), sort_keys=True)
+        seq = item.update_seq
+        if item.update_body != body:  # a new change: its own key, fixed before it leaves
+            seq += 1
+            self.save(item, update_seq=seq, update_body=body)
+        update_invoice_item(
+            self.client, item.stripe_item_id, json.loads(body), _update_key(item, seq)
+        )
+        self.save(item, status="sent", stripe_state=wanted, sent_at=self.now)
+        return "updated"
+
+    def _create(self, item: Any) -> tuple[str, str]:
+        """Post the item (unless an attempt beyond Stripe's key memory already did): its id
+        and what Stripe then holds."""
+        body = item.create_body
+        if body is None:
+            start, end = period_bounds(item.period)
+            params = {
+                "customer": item.customer_id,
+                "currency": "usd",
+                **row_fields(item).params(),
+                "metadata": item_metadata(
+                    item.org_id, item.period, item.line_key, item.revision, item.kind
+                ),
+                "period": service_period(start, end),
+            }
+            body = json.dumps({"params": params, "tokens": item.quantity}, sort_keys=True)
+            # Committed before the request leaves: a resend after a crash sends the same.
+            self.save(item, create_body=body, first_attempt_at=self.now)
+            item.create_body, item.first_attempt_at = body, self.now
+        stored = json.loads(body)
+        params = stored["params"]
+        unit = params.get("unit_amount_decimal")
+        created = stripe_state(
+            ItemFields(
+                int(Decimal(unit) * params["quantity"]) if unit else params["amount"],
+                params.get("quantity") if unit else stored["tokens"],
+                unit,
+                params["description"],
+            )
+        )
+        if self.now - item.first_attempt_at >= IDEMPOTENCY_WINDOW:
+            found = self._already_in_stripe(item)
+            if found is not None:
+                return found, created
+        return create_invoice_item(self.client, params, item.idempotency_key), created
+
+    def _already_in_stripe(self, item: Any) -> str | None:
+        """The id of the Stripe item an earlier attempt created, if one did (items posted
+        before adjustments existed carry no kind: the other four keys name it)."""
+        wanted = item_metadata(item.org_id, item.period, item.line_key, item.revision, item.kind)
+        for posted in list_invoice_items(self.client, item.customer_id):
+            if all(posted.metadata.get(k) == wanted[k] for k in (ORG, PERIOD, LINE, REVISION)):
+                return posted.id
+        return None
+
+    def _finalized(self, item: Any, invoice: str) -> None:
+        """The item is on a finalized invoice: it stays as Stripe holds it, and its
+        period is planned again (the difference becomes an adjustment)."""
+        held = json.loads(item.stripe_state or stripe_state(row_fields(item)))
+        with self.engine.begin() as connection:
+            connection.execute(
+                update(StripeInvoiceItem)
+                .where(StripeInvoiceItem.id == item.id)
+                .values(
+                    status="final",
+                    removal=False,
+                    invoice_id=invoice,
+                    amount_cents=held["amount"],
+                    quantity=held.get("tokens"),
+                    unit_amount_decimal=held["unit_amount_decimal"],
+                    description=held["description"],
+                )
+            )
+            queue_invoice_changes(connection, {(item.org_id, item.period)})
 
 
-def _send_one(client: stripe.StripeClient, item: Row[Any], now: datetime) -> str:
-    """Post ``item`` (unless an attempt beyond Stripe's key memory already did); its id."""
-    first = item.first_attempt_at
-    if first is not None and now - first >= IDEMPOTENCY_WINDOW:
-        found = _already_in_stripe(client, item)
-        if found is not None:
-            return found
-    return create_invoice_item(
-        client,
-        customer=item.customer_id,
-        amount_cents=item.amount_cents,
-        description=item.description,
-        metadata=item_metadata(item.org_id, item.period, item.line_key, item.revision),
-        service_period=period_bounds(item.period),
-        idempotency_key=item.idempotency_key,
-    )
+def _update_key(item: Any, seq: int) -> str:
+    key = f"{item.idempotency_key}.u{seq}"
+    return key if len(key) <= MAX_IDEMPOTENCY_KEY else f"{item.idempotency_key[:200]}.u{seq}"
 
 
 def send_invoice_items(
     engine: Engine, client: stripe.StripeClient, settings: BillingSettings, now: datetime
-) -> tuple[int, int]:
-    """Send due pending items; returns (sent, failed)."""
+) -> tuple[int, int, int]:
+    """Bring Stripe to the due pending items; returns (sent, failed, found finalized)."""
     with engine.connect() as connection:
         due = connection.execute(
             select(StripeInvoiceItem)
@@ -229,20 +265,13 @@ def send_invoice_items(
             .order_by(StripeInvoiceItem.id)
             .limit(SEND_PER_RUN)
         ).all()
-    sent = failed = 0
-    for item in due:
-        if item.first_attempt_at is None:
-            # Committed before the request leaves: if we crash after Stripe answered, the
-            # resend still knows when Stripe first saw the key.
-            with engine.begin() as connection:
-                connection.execute(
-                    update(StripeInvoiceItem)
-                    .where(StripeInvoiceItem.id == item.id)
-                    .values(first_attempt_at=now)
-                )
+    sender = ItemSender(engine, client, now)
+    sent = failed = finalized = 0
+    for row in due:
+        item = SimpleNamespace(**row._asdict())  # the sender records its steps on it
         attempts = item.attempts + 1
         try:
-            stripe_id = _send_one(client, item, now)
+            done = sender.send(item)
         except stripe.StripeError as exc:
             failed += 1
             logger.warning(
@@ -251,40 +280,48 @@ def send_invoice_items(
                 attempts,
                 exc,
             )
-            with engine.begin() as connection:
-                connection.execute(
-                    update(StripeInvoiceItem)
-                    .where(StripeInvoiceItem.id == item.id)
-                    .values(
-                        attempts=attempts,
-                        next_attempt_at=now + backoff(attempts, settings),
-                        last_error=str(exc)[:2000],
-                    )
-                )
+            sender.save(
+                item,
+                attempts=attempts,
+                next_attempt_at=now + backoff(attempts, settings),
+                last_error=str(exc)[:2000],
+            )
             metrics.stripe_invoice_items.labels("failed").inc()
             continue
-        with engine.begin() as connection:
-            connection.execute(
-                update(StripeInvoiceItem)
-                .where(StripeInvoiceItem.id == item.id)
-                .values(status="sent", sent_at=now, attempts=attempts, stripe_item_id=stripe_id)
-            )
-        sent += 1
-        metrics.stripe_invoice_items.labels("sent").inc()
-    return sent, failed
+        if done == "finalized":
+            finalized += 1
+        elif done != "dropped":
+            sent += 1
+            metrics.stripe_invoice_items.labels("sent").inc()
+    return sent, failed, finalized
 
 
-def pending_items(engine: Engine, org_id: str, period: str) -> int:
-    """Items planned for (org, period) that Stripe has not confirmed yet."""
+def pending_items(connection: Connection, org_id: str, period: str) -> int:
+    """Items of (org, period) that Stripe has not been brought to yet."""
+    return int(
+        connection.execute(
+            select(func.count())
+            .select_from(StripeInvoiceItem)
+            .where(StripeInvoiceItem.org_id == org_id, StripeInvoiceItem.period == period)
+            .where(StripeInvoiceItem.status == "pending")
+        ).scalar_one()
+    )
+
+
+def count_orgs_without_customer(engine: Engine, now: datetime) -> list[str]:
+    """Orgs with usage this month or last and no Stripe customer: counted by a metric
+    (alert ``OrgsWithoutStripeCustomer``) and logged."""
+    since = period_bounds(period_of(period_bounds(period_of(now))[0] - timedelta(days=1)))[0]
     with engine.connect() as connection:
-        return int(
-            connection.execute(
-                select(func.count())
-                .select_from(StripeInvoiceItem)
-                .where(StripeInvoiceItem.org_id == org_id, StripeInvoiceItem.period == period)
-                .where(StripeInvoiceItem.status == "pending")
-            ).scalar_one()
+        orgs = orgs_without_customer(connection, since)
+    metrics.orgs_without_stripe_customer.set(len(orgs))
+    if orgs:
+        logger.warning(
+            "%d org(s) with usage have no Stripe customer, so it is not invoiced: %s",
+            len(orgs),
+            ", ".join(orgs[:20]) + (" ..." if len(orgs) > 20 else ""),
         )
+    return orgs
 
 
 def sync_stripe(
@@ -292,10 +329,19 @@ def sync_stripe(
 ) -> SyncResult:
     """One sync run: plan the changed invoices that are due, then send what is pending."""
     current = now or datetime.now(UTC)
+    count_orgs_without_customer(engine, current)
     planned, plan_errors = plan_changed_invoices(engine, book, settings, current)
-    sent, failed = send_invoice_items(engine, stripe_client(settings), settings, current)
+    client = stripe_client(settings)
+    sent, failed, finalized = send_invoice_items(engine, client, settings, current)
+    if finalized:  # their lines' changes are adjustments now: planned and sent at once
+        more, errors = plan_changed_invoices(engine, book, settings, current)
+        planned, plan_errors = planned + more, plan_errors + errors
+        more_sent, more_failed, _ = send_invoice_items(engine, client, settings, current)
+        sent, failed = sent + more_sent, failed + more_failed
     if failed or plan_errors:
         metrics.stripe_sync_failures.inc()
     else:
         metrics.stripe_last_success.set(current.timestamp())
-    return SyncResult(planned=planned, sent=sent, failed=failed, plan_errors=plan_errors)
+    return SyncResult(
+        planned=planned, sent=sent, failed=failed, plan_errors=plan_errors, finalized=finalized
+    )

@@ -17,6 +17,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from fractions import Fraction
 from typing import Any
 
 from redis import exceptions as redis_errors
@@ -68,6 +69,24 @@ def _record_outcome(reply: Any) -> BaseException | None:
         return reply
     text = reply.decode(errors="replace") if isinstance(reply, bytes) else str(reply)
     return BaseParser.parse_error(text)
+
+
+def budget_arguments(record: Record) -> tuple[int, int, int, int]:
+    """What the settle script adds to the org's budget for ``record``: its list cost, its
+    promotion's multiplier (numerator, denominator) and its plan's allowance. A record
+    spooled by a release before the promotion rule has only its allowance cost, which
+    it added as it was: as list cost, past any allowance."""
+    if "list_nano_usd" not in record:
+        return int(record["allowance_nano_usd"]), 1, 1, 0
+    written = record["multiplier"]
+    # Most usage is outside a promotion: no Fraction to build for it.
+    multiplier = Fraction(1) if written == "1" else Fraction(written)
+    return (
+        int(record["list_nano_usd"]),
+        multiplier.numerator,
+        multiplier.denominator,
+        int(record["included_nano_usd"]),
+    )
 
 
 def _redis_refused(outcome: BaseException | None) -> bool:
@@ -158,7 +177,7 @@ class UsageWriter:
             ]
             # The reservation's id: the request's, unless it took an admission made ahead.
             reservation: str = record.get("reservation") or record["event_id"]
-            args += [reservation, int(record["allowance_nano_usd"]), record["event"]]
+            args += [reservation, *budget_arguments(record), record["event"]]
         if self._cluster is None:
             return list(
                 await self._scripts.call(SETTLE_SCRIPT, keys, [SETTLED_MARKER_TTL_S, *args])
@@ -169,7 +188,7 @@ class UsageWriter:
                 self._cluster.call(
                     SETTLE_SCRIPT,
                     [k for i in group for k in keys[5 * i : 5 * i + 5]],
-                    [SETTLED_MARKER_TTL_S, *(a for i in group for a in args[3 * i : 3 * i + 3])],
+                    [SETTLED_MARKER_TTL_S, *(a for i in group for a in args[6 * i : 6 * i + 6])],
                     durable=True,  # on a replica too, or spooled: a failover loses no money
                 )
                 for group in groups

@@ -21,7 +21,14 @@ import stripe
 from sqlalchemy import Connection, Engine, select
 
 from billing.keyspace import Keyspace
-from billing.ledger import OrgSuspension, StripeWebhookEvent, UsageRow, make_engine, migrate
+from billing.ledger import (
+    OrgCustomer,
+    OrgSuspension,
+    StripeWebhookEvent,
+    UsageRow,
+    make_engine,
+    migrate,
+)
 from billing.ledger.writes import dialect_insert, insert_ignoring_duplicates
 from billing.redis_client import SyncClient, async_client
 from billing.settings import BillingSettings
@@ -66,8 +73,17 @@ def _org_for(connection: Connection, invoice: dict[str, Any]) -> str | None:
     customer = invoice.get("customer")
     if not customer:
         return None
+    owner = connection.execute(
+        select(OrgCustomer.org_id).where(OrgCustomer.customer_id == customer).limit(1)
+    ).scalar_one_or_none()
+    if owner is not None:
+        return str(owner)
+    # A customer an org no longer has: the org whose usage last named it.
     return connection.execute(
-        select(UsageRow.org_id).where(UsageRow.customer_id == customer).limit(1)
+        select(UsageRow.org_id)
+        .where(UsageRow.customer_id == customer)
+        .order_by(UsageRow.id.desc())
+        .limit(1)
     ).scalar_one_or_none()
 
 

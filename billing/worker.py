@@ -1,4 +1,5 @@
-"""The billing Celery app: beat asks, the worker drains the usage stream and syncs Stripe.
+"""The billing Celery app: beat asks, the worker drains the usage stream, syncs Stripe and
+reconciles every org with Stripe once a day.
 
 Beat enqueues short, expiring tasks on a fixed cadence; any number of workers may run them
 concurrently (the consumer group splits the stream, a Redis lock serialises Stripe sync).
@@ -8,20 +9,24 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import Any
 
 from celery import Celery
+from celery.schedules import crontab
 from sqlalchemy import Engine
 
 from billing.consumer import UsageStreamConsumer
 from billing.keyspace import Keyspace
 from billing.ledger import make_engine, migrate
 from billing.legacy_keys import merge_legacy_budgets
+from billing.periods import period_bounds, period_of
 from billing.pricing import pricebook_from_path
+from billing.reconcile_all import export, reconcile_all
 from billing.redis_client import SyncClient, parse_redis_url, sync_client
 from billing.settings import BillingSettings
+from billing.stripe_api import stripe_client
 from billing.stripe_sync import sync_stripe
 from billing.webhooks import restore_suspensions
 
@@ -69,6 +74,11 @@ def make_celery(settings: BillingSettings) -> Celery:
                 "task": "billing.sync_stripe",
                 "schedule": settings.stripe_sync_interval_s,
                 "options": {"expires": settings.stripe_sync_interval_s},
+            },
+            "reconcile-all": {
+                "task": "billing.reconcile_all",
+                "schedule": crontab(minute=0, hour=settings.reconcile_hour_utc),
+                "options": {"expires": 3600.0},
             },
         },
     )
@@ -131,3 +141,34 @@ def sync_stripe_task() -> dict[str, Any]:
         return asdict(sync_stripe(ledger(), book, settings, datetime.now(UTC)))
     finally:
         lock.release()
+
+
+def reconcile_periods(now: datetime, current: BillingSettings = settings) -> list[str]:
+    """The months the daily reconcile checks: the last one posted (the previous month),
+    and the running one where it is posted as it fills."""
+    this_month = period_of(now)
+    periods = [period_of(period_bounds(this_month)[0] - timedelta(days=1))]
+    if current.stripe_post_open_periods:
+        periods.append(this_month)
+    return periods
+
+
+@celery_app.task(name="billing.reconcile_all")
+def reconcile_all_task(periods: list[str] | None = None) -> dict[str, Any]:
+    """`cstack billing reconcile --all` for ``periods`` (beat's: ``reconcile_periods``), its
+    totals exported as metrics (alerts BillingReconcileDifference, BillingReconcileStale)."""
+    if settings.stripe_api_key is None:
+        logger.info("daily reconcile skipped: CSTACK_STRIPE_API_KEY is not set")
+        return {"skipped": True}
+    now = datetime.now(UTC)
+    book = pricebook_from_path(settings.pricebook_path)
+    client = stripe_client(settings)
+    checked = periods or reconcile_periods(now)
+    results = [reconcile_all(ledger(), book, client, period) for period in checked]
+    export(results, now)
+    return {
+        "periods": [result.period for result in results],
+        "orgs": sum(len(result.orgs) for result in results),
+        "differing": sum(len(result.differing) for result in results),
+        "difference_cents": sum(result.difference_cents for result in results),
+    }

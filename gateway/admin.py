@@ -1,4 +1,5 @@
-"""``/admin/``: orgs and API keys, behind their own bearer token (``CSTACK_ADMIN_TOKEN``).
+"""``/admin/``: orgs (their plan, tier settings and Stripe customer) and API keys, behind
+their own bearer token (``CSTACK_ADMIN_TOKEN``).
 
 With no admin token configured the whole API answers 403: an operator must opt in, so a
 gateway started without one never has an open key-minting endpoint.
@@ -13,6 +14,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
+from billing.accounts import AccountsUnavailable, BillingAccounts, check_customer_id
 from gateway.auth import Authenticator
 from gateway.errors import GatewayError
 from gateway.keys import KeyStore, KeyStoreError
@@ -40,6 +42,8 @@ class UpdateOrg(BaseModel):
 
     default_tier: Tier | None = None
     fast_overflow: StrictBool | None = None
+    #: Its Stripe customer from now on (every item of its months goes there); "" removes it.
+    customer_id: Annotated[str, Field(max_length=200)] | None = None
 
 
 class CreateKey(BaseModel):
@@ -74,11 +78,31 @@ def store_error(exc: KeyStoreError) -> GatewayError:
     return GatewayError(400, message, code="invalid_value")
 
 
-def build_admin_router(store: KeyStore, auth: Authenticator) -> APIRouter:
+def customer_error(exc: ValueError) -> GatewayError:
+    return GatewayError(400, str(exc), param="customer_id", code="invalid_value")
+
+
+def accounts_unavailable(done: str) -> GatewayError:
+    return GatewayError(
+        503,
+        f"{done}, but billing could not record its Stripe customer; send the change again",
+        type="server_error",
+        code="billing_unavailable",
+    )
+
+
+def build_admin_router(
+    store: KeyStore, auth: Authenticator, accounts: BillingAccounts
+) -> APIRouter:
     router = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)])
 
     @router.post("/orgs", status_code=201)
     async def create_org(body: CreateOrg) -> dict[str, Any]:
+        if body.customer_id:
+            try:
+                check_customer_id(body.customer_id)
+            except ValueError as exc:
+                raise customer_error(exc) from None
         try:
             org = await store.create_org(
                 body.org_id,
@@ -90,6 +114,11 @@ def build_admin_router(store: KeyStore, auth: Authenticator) -> APIRouter:
             )
         except KeyStoreError as exc:
             raise store_error(exc) from None
+        if body.customer_id:
+            try:
+                await accounts.set_customer(org.org_id, body.customer_id)
+            except AccountsUnavailable:
+                raise accounts_unavailable(f"org {org.org_id!r} was created") from None
         return {"object": "organization", **org.__dict__}
 
     @router.get("/orgs/{org_id}")
@@ -101,9 +130,23 @@ def build_admin_router(store: KeyStore, auth: Authenticator) -> APIRouter:
 
     @router.patch("/orgs/{org_id}")
     async def update_org(org_id: str, body: UpdateOrg) -> dict[str, Any]:
+        if body.customer_id is not None:
+            # Billing's record first: it is what invoices go by. Redis's copy (admission's
+            # suspension check) follows; a failure between the two is retried by the admin.
+            if await store.get_org(org_id) is None:
+                raise GatewayError(404, f"unknown org {org_id!r}", code="not_found")
+            try:
+                await accounts.set_customer(org_id, body.customer_id or None)
+            except ValueError as exc:
+                raise customer_error(exc) from None
+            except AccountsUnavailable:
+                raise accounts_unavailable(f"org {org_id!r} was not changed") from None
         try:
             org = await store.update_org(
-                org_id, default_tier=body.default_tier, fast_overflow=body.fast_overflow
+                org_id,
+                default_tier=body.default_tier,
+                fast_overflow=body.fast_overflow,
+                customer_id=body.customer_id,
             )
         except KeyStoreError as exc:
             raise store_error(exc) from None

@@ -1,10 +1,10 @@
-"""``create_app(settings, meter, usage)``: the gateway's FastAPI application.
+"""``create_app(settings, meter, usage, accounts=...)``: the gateway's FastAPI application.
 
 Only the routes listed here exist (no OpenAPI/docs pages, nothing proxied by prefix), so
 none of vLLM's own admin or development endpoints can be reached through the gateway.
-Billing comes in through its two contracts: ``meter`` on the request path of the
-generation routes, ``usage`` for ``GET /v1/usage`` only. The app owns both: it closes them
-on shutdown.
+Billing comes in through its three contracts: ``meter`` on the request path of the
+generation routes, ``usage`` for ``GET /v1/usage`` and its receipts only, ``accounts``
+for the admin API's Stripe customers. The app owns them: it closes them on shutdown.
 """
 
 from __future__ import annotations
@@ -13,22 +13,21 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, replace
-from datetime import date
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from billing.accounts import BillingAccounts, UnbilledAccounts
 from billing.meter import Meter
 from billing.redis_client import AsyncClient, async_client, connect_early
-from billing.reporting import UsageReader, UsageUnavailable
+from billing.reporting import UsageReader
 from gateway.admin import build_admin_router
 from gateway.auth import Authenticator
 from gateway.capacity import SlotPolicy, share, slot_policies
 from gateway.errors import (
     GatewayError,
-    bad_request,
     gateway_error_handler,
     http_exception_handler,
     validation_error_handler,
@@ -41,6 +40,7 @@ from gateway.relay import Relay
 from gateway.settings import GatewaySettings
 from gateway.tiers import TierRouter
 from gateway.upstream import Upstreams
+from gateway.usage_routes import READ_METHODS, add_usage_routes
 from serving.profile import detect_profile
 from serving.settings import ServingSettings
 from serving.variants import load_variants
@@ -49,18 +49,24 @@ from serving.vocabulary import PUBLIC_MODELS, TIERS
 logger = logging.getLogger(__name__)
 
 MODELS_CREATED = 1_767_225_600  # 2026-01-01, the family's launch date
-#: Every read route answers HEAD as GET without a body (uvicorn drops it), auth included.
-READ_METHODS = ["GET", "HEAD"]
 
 
 def create_app(
-    settings: GatewaySettings, meter: Meter, usage: UsageReader, *, worker: int = 0
+    settings: GatewaySettings,
+    meter: Meter,
+    usage: UsageReader,
+    *,
+    accounts: BillingAccounts | None = None,
+    worker: int = 0,
 ) -> FastAPI:
-    """``worker``: this process's index among ``settings.gateway_workers`` (gateway/workers.py)."""
+    """``accounts``: where the admin API records orgs' Stripe customers (none: billing is
+    off). ``worker``: this process's index among ``settings.gateway_workers``
+    (gateway/workers.py)."""
+    accounts = accounts or UnbilledAccounts()
     parts = _build_parts(settings, meter, worker)
     app = FastAPI(
         title="composer-stack gateway",
-        lifespan=_lifespan(parts, meter, usage),
+        lifespan=_lifespan(parts, meter, usage, accounts),
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
@@ -78,7 +84,7 @@ def create_app(
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     _add_generation_routes(app, parts.generation)
     # After the hot routes: Starlette tries routes in order.
-    app.include_router(build_admin_router(parts.store, parts.auth))
+    app.include_router(build_admin_router(parts.store, parts.auth, accounts))
     _add_account_routes(app, parts.auth, usage)
     _add_operations_routes(app, parts.upstreams, parts.metrics)
     return app
@@ -150,7 +156,7 @@ def worker_slot_policies(
 
 
 def _lifespan(
-    parts: _Parts, meter: Meter, usage: UsageReader
+    parts: _Parts, meter: Meter, usage: UsageReader, accounts: BillingAccounts
 ) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -160,6 +166,7 @@ def _lifespan(
             closing.push_async_callback(parts.redis.aclose)  # type: ignore[attr-defined]
             await connect_early(parts.redis)
             closing.push_async_callback(usage.aclose)
+            closing.push_async_callback(accounts.aclose)
             closing.push_async_callback(meter.aclose)
             await parts.upstreams.start()
             closing.push_async_callback(parts.upstreams.aclose)
@@ -188,7 +195,8 @@ def _add_generation_routes(app: FastAPI, generation: GenerationHandler) -> None:
 
 
 def _add_account_routes(app: FastAPI, auth: Authenticator, usage: UsageReader) -> None:
-    """What a key may read about itself: the models it can call, its org's usage."""
+    """What a key may read about itself: the models it can call, its org's usage and
+    receipts (gateway.usage_routes)."""
     models_body = {
         "object": "list",
         "data": [
@@ -202,25 +210,7 @@ def _add_account_routes(app: FastAPI, auth: Authenticator, usage: UsageReader) -
         await auth.authenticate(request.headers.get("authorization"))
         return JSONResponse(models_body)
 
-    @app.api_route("/v1/usage", methods=READ_METHODS)
-    async def usage_summary(request: Request) -> JSONResponse:
-        principal = await auth.authenticate(request.headers.get("authorization"))
-        start = parse_date(request.query_params.get("start"), "start")
-        end = parse_date(request.query_params.get("end"), "end")
-        if start and end and start > end:
-            raise bad_request("start: must not be after end", param="start")
-        try:
-            summary = await usage.usage_summary(principal.key.org_id, start, end)
-        except UsageUnavailable as exc:
-            # The reason is for operators (it names commands to run); clients get a retry.
-            logger.warning("GET /v1/usage unavailable: %s", exc)
-            raise GatewayError(
-                503,
-                "Usage data is temporarily unavailable; retry shortly.",
-                type="server_error",
-                code="usage_unavailable",
-            ) from None
-        return JSONResponse(summary)
+    add_usage_routes(app, auth, usage)
 
 
 def _add_operations_routes(app: FastAPI, upstreams: Upstreams, metrics: GatewayMetrics) -> None:
@@ -240,14 +230,3 @@ def _add_operations_routes(app: FastAPI, upstreams: Upstreams, metrics: GatewayM
     @app.api_route("/metrics", methods=READ_METHODS)
     async def prometheus_metrics() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
-
-
-def parse_date(value: str | None, param: str) -> date | None:
-    if value is None or value == "":
-        return None
-    try:
-        return date.fromisoformat(value)
-    except ValueError:
-        raise bad_request(
-            f"{param}: expected a date as YYYY-MM-DD, got {value!r}", param=param
-        ) from None

@@ -21,7 +21,8 @@ class OnOff(StrEnum):
 
 
 keys_app = typer.Typer(
-    help="API keys and an org's tier settings: create, revoke, list (talks to Redis directly)."
+    help="API keys and an org's settings (tier, Stripe customer): create, revoke, list, "
+    "show (talks to Redis, and to the ledger for Stripe customers, directly)."
 )
 
 
@@ -147,6 +148,55 @@ def fast_overflow(
     typer.echo(f"org {record.org_id}: fast overflow to standard {state}")
 
 
+@keys_app.command("customer")
+def customer(
+    org: Annotated[str, typer.Argument(help="Org id.")],
+    customer_id: Annotated[
+        str, typer.Argument(help="Its Stripe customer (cus_...); omit with --remove.")
+    ] = "",
+    remove: Annotated[
+        bool, typer.Option("--remove", help="The org has no Stripe customer from now on.")
+    ] = False,
+) -> None:
+    """Set or change the Stripe customer every invoice item of ORG's months goes to (items
+    not yet on a finalized invoice move to it); --remove keeps its usage from Stripe."""
+    if bool(customer_id) == remove:
+        _fail("give a Stripe customer id or --remove (not both)")
+
+    async def change(store: Any) -> Any:
+        if await store.get_org(org) is None:
+            raise _store_error(f"unknown org {org!r}")
+        # Billing's record first (what invoices go by), then the copy admission reads.
+        accounts = _accounts()
+        try:
+            await accounts.set_customer(org, customer_id or None)
+        finally:
+            await accounts.aclose()
+        return await store.update_org(org, customer_id=customer_id)
+
+    record = _with_store(change)
+    typer.echo(f"org {record.org_id}: Stripe customer {record.customer_id or '(none)'}")
+
+
+@keys_app.command("org")
+def show_org(org: Annotated[str, typer.Argument(help="Org id.")]) -> None:
+    """Print an org's settings: plan, Stripe customer, default tier, fast overflow."""
+
+    async def read(store: Any) -> Any:
+        found = await store.get_org(org)
+        if found is None:
+            raise _store_error(f"unknown org {org!r}")
+        return found
+
+    record = _with_store(read)
+    typer.echo(
+        f"org: {record.org_id}\nplan: {record.plan}\n"
+        f"stripe customer: {record.customer_id or '(none)'}\n"
+        f"default tier: {record.default_tier}\n"
+        f"fast overflow: {'on' if record.fast_overflow else 'off'}"
+    )
+
+
 @keys_app.command("list")
 def list_keys(org: Annotated[str, typer.Option(help="Org id.")]) -> None:
     """List an org's keys (ids and state, never the keys themselves)."""
@@ -176,9 +226,27 @@ def _valid(settings_class: Callable[..., T], **overrides: Any) -> T:
         _fail(f"invalid setting{' ' + where if where else ''}: {first['msg']}")
 
 
+def _store_error(message: str) -> Exception:
+    from gateway.keys import KeyStoreError
+
+    return KeyStoreError(message)
+
+
+def _accounts() -> Any:
+    """Where orgs' Stripe customers are recorded: the ledger, unless billing is off."""
+    from billing import create_accounts
+    from billing.accounts import UnbilledAccounts
+    from billing.settings import BillingSettings
+
+    if not _settings().billing:
+        return UnbilledAccounts()
+    return create_accounts(_valid(BillingSettings))
+
+
 def _with_store(action: Callable[[Any], Awaitable[T]]) -> T:
     """Run ``action`` on the key store; what the store refuses (an unknown org, a bad
-    id...) or an unreachable Redis ends the command with a one-line error."""
+    id...), an unreachable Redis or ledger ends the command with a one-line error."""
+    from billing.accounts import AccountsUnavailable
     from billing.redis_client import REDIS_FAILURES, RedisUrlError, async_client
     from gateway.keys import KeyStore, KeyStoreError
 
@@ -193,7 +261,7 @@ def _with_store(action: Callable[[Any], Awaitable[T]]) -> T:
 
     try:
         return asyncio.run(run())
-    except (KeyStoreError, RedisUrlError) as exc:
+    except (KeyStoreError, RedisUrlError, AccountsUnavailable, ValueError) as exc:
         _fail(str(exc))
     except REDIS_FAILURES as exc:
         _fail(f"cannot reach Redis at CSTACK_REDIS_URL ({type(exc).__name__}: {exc})")

@@ -52,7 +52,7 @@ from gateway.admission import AdmissionStanding, refusal_error
 from gateway.assemble import Assembler, ChatAssembler, CompletionAssembler
 from gateway.auth import Authenticator
 from gateway.errors import GatewayError, bad_request
-from gateway.middleware import REQUEST_ID, TIER
+from gateway.middleware import CLIENT_REQUEST_ID, REQUEST_ID, TIER
 from gateway.protocol import (
     ChatCompletionRequest,
     ChatMessage,
@@ -190,7 +190,9 @@ class GenerationHandler:
             prefix=prefix_key(parsed, request.headers.get(SESSION_HEADER))
             if self._relay.routes_by_prefix(route.tier)
             else None,
+            client_request_id=request.scope.get(CLIENT_REQUEST_ID),
         )
+        cost = functools.partial(self._relay.usage_cost, exchange)
         # A text completion's choice i answers prompt i // n; a chat has a single prompt.
         per_prompt = shape.n if isinstance(parsed, CompletionRequest) else None
         created = int(exchange.started_at.timestamp())
@@ -200,7 +202,7 @@ class GenerationHandler:
             writer: EventWriter
             if responses is not None:
                 writer = ResponseEventWriter(
-                    responses, request_id, created, route.public_model, route.tier
+                    responses, request_id, created, route.public_model, route.tier, cost=cost
                 )
             else:
                 options = parsed.stream_options
@@ -210,6 +212,7 @@ class GenerationHandler:
                     include_usage=bool(options and options.include_usage),
                     continuous_usage=bool(options and options.continuous_usage_stats),
                     choices_per_prompt=per_prompt,
+                    cost=cost,
                 )
             answer = functools.partial(
                 self._relay.stream, exchange, request.receive, path, shape.upstream_body, writer

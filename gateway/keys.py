@@ -39,6 +39,8 @@ class Org:
     org_id: str
     name: str
     plan: str
+    #: A copy of its Stripe customer (billing.accounts owns it): admission refuses an org
+    #: whose customer Stripe suspended.
     customer_id: str
     created_at: float
     #: The tier its requests get without a ``service_tier`` (or with "auto").
@@ -140,10 +142,16 @@ class KeyStore:
         )
 
     async def update_org(
-        self, org_id: str, *, default_tier: Tier | None = None, fast_overflow: bool | None = None
+        self,
+        org_id: str,
+        *,
+        default_tier: Tier | None = None,
+        fast_overflow: bool | None = None,
+        customer_id: str | None = None,
     ) -> Org:
-        """Change ``org_id``'s tier settings (those given); every replica's cached keys see
-        the change within the revocation poll (the epoch moves, as for a revocation)."""
+        """Change ``org_id``'s settings (those given; ``customer_id=""`` removes its
+        customer); every replica's cached keys see the change within the revocation poll
+        (the epoch moves, as for a revocation)."""
         if default_tier is not None:
             _check_tier(default_tier)
         org = await self.get_org(org_id)
@@ -153,11 +161,14 @@ class KeyStore:
             org,
             default_tier=org.default_tier if default_tier is None else default_tier,
             fast_overflow=org.fast_overflow if fast_overflow is None else fast_overflow,
+            customer_id=org.customer_id if customer_id is None else customer_id,
         )
         fields = _org_fields(updated)
         await self.redis.hset(
             _org_key(org_id),
-            mapping={name: fields[name] for name in ("default_tier", "fast_overflow")},
+            mapping={
+                name: fields[name] for name in ("default_tier", "fast_overflow", "customer_id")
+            },
         )
         await self.redis.incr(EPOCH_KEY)
         return updated

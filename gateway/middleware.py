@@ -23,6 +23,8 @@ logger = logging.getLogger(__name__)
 
 #: The gateway's own unique id per request (billing's idempotency key, upstream's id).
 REQUEST_ID = "cstack.request_id"
+#: The client's own ``x-request-id``, when it sent a valid one (kept on its receipt).
+CLIENT_REQUEST_ID = "cstack.client_request_id"
 #: The tier that served the request, once known (metrics label).
 TIER = "cstack.tier"
 ROUTES = {
@@ -32,7 +34,7 @@ ROUTES = {
     "/v1/models": "models",
     "/v1/usage": "usage",
 }
-CLIENT_REQUEST_ID = re.compile(rb"^[\x21-\x7e]{1,128}$")
+CLIENT_REQUEST_ID_FORM = re.compile(rb"^[\x21-\x7e]{1,128}$")
 
 
 class RequestContextMiddleware:
@@ -55,8 +57,9 @@ class RequestContextMiddleware:
         header_id = own_id.encode()
         for name, value in scope["headers"]:
             if name == b"x-request-id":
-                if CLIENT_REQUEST_ID.match(value):
+                if CLIENT_REQUEST_ID_FORM.match(value):
                     header_id = value
+                    scope[CLIENT_REQUEST_ID] = value.decode()
                 break
         status = 500
         response_started = False
@@ -84,7 +87,8 @@ class RequestContextMiddleware:
                 body = error_body("internal gateway error", "server_error", None, "internal_error")
                 await send({"type": "http.response.body", "body": pydantic_core.to_json(body)})
         finally:
-            route = ROUTES.get(scope["path"], "other")
+            path = scope["path"]
+            route = ROUTES.get(path) or ("usage" if path.startswith("/v1/usage/") else "other")
             tier = scope.get(TIER, "none")
             self.metrics.count_request(tier, route, status, time.perf_counter() - started)
 

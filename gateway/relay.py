@@ -44,7 +44,7 @@ from gateway.errors import GatewayError, upstream_unavailable
 from gateway.http1 import UpstreamCut, UpstreamReadTimeout
 from gateway.metrics import GatewayMetrics
 from gateway.routing import PrefixKey
-from gateway.sse import EventWriter
+from gateway.sse import COST_FIELD, EventWriter
 from gateway.tiers import TierRoute
 from gateway.upstream import (
     NoUpstreamAvailable,
@@ -78,6 +78,8 @@ class Exchange:
     settled: bool = False
     #: The overlapped admission still on its way (``gateway.admission``).
     admitting: asyncio.Task[Admission] | None = None
+    #: The client's own ``x-request-id``, if it sent one (kept on the request's receipt).
+    client_request_id: str | None = None
 
     @property
     def headers(self) -> dict[str, str]:
@@ -202,20 +204,16 @@ class Relay:
         self._tokens_out[route.tier].inc(completion)
         if exchange.admission is None and exchange.admitting is None:
             return None  # refused: nothing to bill
-        key = exchange.principal.key
-        return UsageReport(
-            request_id=exchange.request_id,
-            org_id=key.org_id,
-            key_id=key.key_id,
-            model=route.public_model,
-            tier=route.tier,
-            prompt_tokens=prompt,
-            cached_tokens=cached,
-            completion_tokens=completion,
-            started_at=exchange.started_at,
-            ended_at=datetime.now(UTC),
-            outcome=outcome,
-            customer_id=exchange.principal.customer_id,
+        return usage_report(exchange, outcome, usage, prompt, cached, completion)
+
+    def usage_cost(self, exchange: Exchange, usage: dict[str, Any]) -> dict[str, Any] | None:
+        """The request's cost for its answer (``usage.cstack_cost``), priced from the usage
+        it will be billed on."""
+        prompt = int(usage.get("prompt_tokens") or 0)
+        completion = int(usage.get("completion_tokens") or 0)
+        cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        return self._meter.usage_cost(
+            usage_report(exchange, "complete", usage, prompt, cached, completion)
         )
 
     async def open(
@@ -316,6 +314,11 @@ class Relay:
         data = assembler.answer()
         data["model"] = exchange.route.public_model
         data["service_tier"] = ANSWER_SERVICE_TIERS[exchange.route.tier]
+        answer_usage = data.get("usage")
+        if isinstance(answer_usage, dict):  # priced from the chat usage billing settles on
+            cost = self.usage_cost(exchange, assembler.usage)
+            if cost is not None:
+                answer_usage[COST_FIELD] = cost
         response = Response(
             pydantic_core.to_json(data),
             media_type="application/json",
@@ -398,6 +401,37 @@ class Relay:
 
 
 MAX_DURATION_CODE = "max_duration_exceeded"
+
+
+def usage_report(
+    exchange: Exchange,
+    outcome: Outcome,
+    usage: dict[str, Any],
+    prompt: int,
+    cached: int,
+    completion: int,
+) -> UsageReport:
+    """The request's usage as billing takes it: vLLM's counts, and the reasoning tokens
+    when its usage says them."""
+    details = usage.get("completion_tokens_details")
+    reasoning = details.get("reasoning_tokens") if isinstance(details, dict) else None
+    key = exchange.principal.key
+    return UsageReport(
+        request_id=exchange.request_id,
+        org_id=key.org_id,
+        key_id=key.key_id,
+        model=exchange.route.public_model,
+        tier=exchange.route.tier,
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        completion_tokens=completion,
+        started_at=exchange.started_at,
+        ended_at=datetime.now(UTC),
+        outcome=outcome,
+        customer_id=exchange.principal.customer_id,
+        reasoning_tokens=reasoning if isinstance(reasoning, int) and reasoning >= 0 else None,
+        client_request_id=exchange.client_request_id,
+    )
 
 
 def max_duration_exceeded(exchange: Exchange) -> GatewayError:

@@ -15,6 +15,7 @@ is rewritten whole: its ``code`` is a number.)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import pydantic_core
@@ -111,6 +112,21 @@ def event_payload(event: bytes) -> bytes | None:
     return event[5:].strip()
 
 
+#: The request's cost from its usage (``gateway.relay.Relay.usage_cost``), or None.
+UsageCost = Callable[[dict[str, Any]], dict[str, Any] | None]
+#: The extension field of an answer's final ``usage`` that carries it (OpenAI's usage
+#: object is open to extra fields, and the openai SDK keeps them: ``usage.cstack_cost``).
+COST_FIELD = "cstack_cost"
+
+
+def add_cost(usage: object, cost: UsageCost | None) -> None:
+    """The final usage of an answer with the request's cost in ``COST_FIELD``."""
+    if cost is not None and isinstance(usage, dict) and usage:
+        priced = cost(usage)
+        if priced is not None:
+            usage[COST_FIELD] = priced
+
+
 class EventWriter(Protocol):
     """What the relay needs of a stream's writer: ``StreamRewriter`` for chat and text
     completions, ``gateway.responses.events.ResponseEventWriter`` for responses."""
@@ -142,8 +158,11 @@ class StreamRewriter:
         include_usage: bool,
         continuous_usage: bool,
         choices_per_prompt: int | None = None,
+        cost: UsageCost | None = None,
     ) -> None:
         self.public_model = public_model
+        #: The request's cost from its final usage, for the final usage chunk.
+        self.cost = cost
         self.service_tier = ANSWER_SERVICE_TIERS[tier]
         self.include_usage = include_usage
         self.continuous_usage = continuous_usage
@@ -197,6 +216,7 @@ class StreamRewriter:
             # vLLM's final usage-only chunk.
             if not self.include_usage:
                 return None
+            add_cost(usage, self.cost)
         elif not self.continuous_usage:
             if self.include_usage:
                 data["usage"] = None

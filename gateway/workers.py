@@ -30,9 +30,11 @@ READY, CLOSED = b"r", b"c"
 
 def build_app(settings: GatewaySettings, worker: int = 0) -> Any:
     """The app one gateway process serves: billing's meter (unless CSTACK_BILLING is off),
-    the usage reader, the Stripe webhook. ``worker`` is this process's index among
-    ``settings.gateway_workers``: it gets that share of what each process holds alone."""
+    the usage reader, the org customers' record, the Stripe webhook. ``worker`` is this
+    process's index among ``settings.gateway_workers``: it gets that share of what each
+    process holds alone."""
     import billing
+    from billing.accounts import BillingAccounts, UnbilledAccounts
     from billing.meter import Meter, UnmeteredMeter
     from billing.reporting import UnmeteredUsageReader, UsageReader
     from billing.settings import BillingSettings
@@ -40,6 +42,7 @@ def build_app(settings: GatewaySettings, worker: int = 0) -> Any:
 
     meter: Meter = UnmeteredMeter()
     usage: UsageReader = UnmeteredUsageReader()
+    accounts: BillingAccounts = UnbilledAccounts()
     if settings.billing:
         billing_settings = BillingSettings().model_copy(update={"redis_url": settings.redis_url})
         workers = settings.gateway_workers
@@ -57,7 +60,8 @@ def build_app(settings: GatewaySettings, worker: int = 0) -> Any:
             )
         meter = billing.create_meter(billing_settings)
         usage = billing.create_usage_reader(billing_settings)
-    app = create_app(settings, meter, usage, worker=worker)
+        accounts = billing.create_accounts(billing_settings)
+    app = create_app(settings, meter, usage, accounts=accounts, worker=worker)
     if settings.billing:
         from billing.http import router as stripe_webhook
 

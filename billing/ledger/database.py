@@ -39,6 +39,16 @@ def alembic_config() -> Config:
     return config
 
 
+def schema_is_current(engine: Engine) -> bool:
+    """Whether the ledger's schema is at this release's head revision."""
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    with engine.connect() as connection:
+        return MigrationContext.configure(connection).get_current_revision() == head
+
+
 def migrate(engine: Engine, revision: str = "head") -> None:
     """Bring the ledger's schema to ``revision`` (a no-op when it is already there)."""
     config = alembic_config()

@@ -52,8 +52,15 @@ class UsageRow(Base):
     prompt_tokens: Mapped[int] = mapped_column(BigInteger)
     cached_tokens: Mapped[int] = mapped_column(BigInteger)
     completion_tokens: Mapped[int] = mapped_column(BigInteger)
+    #: Of the completion tokens, those spent reasoning (None: not recorded, rows written
+    #: before receipts were).
+    reasoning_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    #: The client's own ``x-request-id``, when it sent one (receipts can be found by it).
+    client_request_id: Mapped[str | None] = mapped_column(String(128))
     list_cost_nano_usd: Mapped[int] = mapped_column(BigInteger)
-    allowance_consumed_nano_usd: Mapped[int] = mapped_column(BigInteger)
+    #: List cost / promotion multiplier: what the request takes of the allowance while
+    #: enough is left (billing.allowance decides, in start order, how much it got).
+    allowance_cost_nano_usd: Mapped[int] = mapped_column(BigInteger)
     promotion_multiplier: Mapped[str] = mapped_column(String(40))
     promotion_id: Mapped[str | None] = mapped_column(String(100))
     price_version: Mapped[str] = mapped_column(String(100))
@@ -65,11 +72,14 @@ class UsageRow(Base):
     __table_args__ = (
         Index("ix_usage_events_org_started", "org_id", "started_at"),
         Index("ix_usage_events_customer", "customer_id"),
+        Index("ix_usage_events_org_key_started", "org_id", "key_id", "started_at"),
+        Index("ix_usage_events_org_client_request", "org_id", "client_request_id"),
     )
 
 
 class UsageAdjustment(Base):
-    """A correction to the ledger: deltas, never an edit of a usage row."""
+    """A correction to the amount due: never an edit of a usage row, and outside the
+    allowance (it is added to, or credited from, what the invoice charges)."""
 
     __tablename__ = "usage_adjustments"
 
@@ -80,7 +90,6 @@ class UsageAdjustment(Base):
     tier: Mapped[str] = mapped_column(String(20))
     effective_at: Mapped[datetime] = mapped_column(UTCDateTime)
     list_cost_delta_nano_usd: Mapped[int] = mapped_column(BigInteger)
-    allowance_delta_nano_usd: Mapped[int] = mapped_column(BigInteger)
     reason: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
@@ -102,11 +111,13 @@ class InvoiceChange(Base):
 
 
 class StripeInvoiceItem(Base):
-    """One Stripe invoice item to post (or posted): a delta of one invoice line.
+    """One Stripe invoice item: the item of an invoice line, or an adjustment of one.
 
-    The items of an (org, period, line key) add up to what the ledger's invoice line was
-    when last planned; each new delta is the next ``revision``, and the idempotency key
-    is derived from (org, period, line key, revision), so a resend is never a second item.
+    A line has one item (``kind`` "line", revision 1), kept equal to the line by updates
+    while it is pending or on a draft invoice. Once its invoice is finalized the item is
+    ``final`` and a later change of the line is an ``adjustment`` item (the next
+    revision), itself updated until its own invoice is finalized. The item's fields here
+    are what it should be; ``stripe_state`` is what Stripe last confirmed it is.
     """
 
     __tablename__ = "stripe_invoice_items"
@@ -116,19 +127,41 @@ class StripeInvoiceItem(Base):
     period: Mapped[str] = mapped_column(String(7))
     line_key: Mapped[str] = mapped_column(String(200))
     revision: Mapped[int] = mapped_column(Integer)
+    #: "line" or "adjustment".
+    kind: Mapped[str] = mapped_column(String(20), default="line")
     customer_id: Mapped[str] = mapped_column(String(200))
     #: Signed integer cents (credits are negative), in USD.
     amount_cents: Mapped[int] = mapped_column(BigInteger)
+    #: Tokens the item stands for (an adjustment's: the change), None for credits.
+    quantity: Mapped[int | None] = mapped_column(BigInteger)
+    #: Cents per token where quantity x it is exactly the amount (Stripe then shows both);
+    #: None: an amount, with the tokens in the description.
+    unit_amount_decimal: Mapped[str | None] = mapped_column(String(40))
     description: Mapped[str] = mapped_column(Text)
+    #: The item must not exist (its line went to zero, or it is at a former customer).
+    removal: Mapped[bool] = mapped_column(default=False)
+    #: Idempotency key of its creation; its updates add ``.u{update_seq}``.
     idempotency_key: Mapped[str] = mapped_column(String(255), unique=True)
+    #: pending (Stripe must be brought to it), sent, final (on a finalized invoice:
+    #: never changed again), deleted.
     status: Mapped[str] = mapped_column(String(20), default="pending", index=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     next_attempt_at: Mapped[datetime] = mapped_column(UTCDateTime)
     #: Set before the first request leaves, so a resend after Stripe's idempotency window
     #: knows to look for the item first.
     first_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    #: The creation's parameters (JSON), fixed at its first attempt: a resend must be the
+    #: same request for Stripe to replay it.
+    create_body: Mapped[str | None] = mapped_column(Text)
+    #: What Stripe has (JSON: amount, quantity, unit_amount_decimal, description).
+    stripe_state: Mapped[str | None] = mapped_column(Text)
+    #: The update on its way (JSON) and its number (its idempotency key's suffix).
+    update_body: Mapped[str | None] = mapped_column(Text)
+    update_seq: Mapped[int] = mapped_column(Integer, default=0)
     last_error: Mapped[str | None] = mapped_column(Text)
     stripe_item_id: Mapped[str | None] = mapped_column(String(100))
+    #: The Stripe invoice it is on, once it is final.
+    invoice_id: Mapped[str | None] = mapped_column(String(100))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     sent_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
@@ -136,6 +169,16 @@ class StripeInvoiceItem(Base):
         UniqueConstraint("org_id", "period", "line_key", "revision"),
         Index("ix_stripe_invoice_items_org_period", "org_id", "period"),
     )
+
+
+class OrgCustomer(Base):
+    """The Stripe customer an org's invoices go to (none: its usage waits for one)."""
+
+    __tablename__ = "org_customers"
+
+    org_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    customer_id: Mapped[str | None] = mapped_column(String(200), index=True)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
 class StripeWebhookEvent(Base):

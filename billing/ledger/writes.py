@@ -82,12 +82,13 @@ def add_adjustment(
     org_id: str,
     tier: str,
     list_cost_delta_nano_usd: int,
-    allowance_delta_nano_usd: int,
     reason: str,
     event_id: str | None = None,
     effective_at: datetime | None = None,
 ) -> bool:
-    """Record a correction; idempotent by ``adjustment_id``. Returns whether it was new."""
+    """Record a correction of the amount due (outside the allowance: the invoice adds or
+    credits ``list_cost_delta_nano_usd`` as it is); idempotent by ``adjustment_id``.
+    Returns whether it was new."""
     now = datetime.now(UTC)
     effective = effective_at or now
     statement = insert_ignoring_duplicates(
@@ -99,7 +100,6 @@ def add_adjustment(
         tier=tier,
         effective_at=effective,
         list_cost_delta_nano_usd=list_cost_delta_nano_usd,
-        allowance_delta_nano_usd=allowance_delta_nano_usd,
         reason=reason,
         created_at=now,
     )

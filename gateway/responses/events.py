@@ -31,7 +31,7 @@ from gateway.responses.output import (
     skeleton,
 )
 from gateway.responses.protocol import ResponsesRequest
-from gateway.sse import UsageTally, event_payload, split_events
+from gateway.sse import COST_FIELD, UsageCost, UsageTally, event_payload, split_events
 from serving.vocabulary import ANSWER_SERVICE_TIERS, Tier
 
 #: Per text-bearing item kind: its content part, and the prefix of its text events.
@@ -48,7 +48,10 @@ class ResponseEventWriter:
         created_at: int,
         public_model: str,
         tier: Tier,
+        cost: UsageCost | None = None,
     ) -> None:
+        #: The request's cost from its chat usage, for the Response's final ``usage``.
+        self._cost = cost
         self._response = {
             **skeleton(request, request_id, created_at),
             "model": public_model,
@@ -127,6 +130,10 @@ class ResponseEventWriter:
     def _snapshot(self, status: str, **fields: Any) -> dict[str, Any]:
         self._flush()
         usage = response_usage(self.tally.usage) if status != "in_progress" else None
+        if usage is not None and self._cost is not None:
+            priced = self._cost(self.tally.usage)
+            if priced is not None:
+                usage[COST_FIELD] = priced
         output = self._output
         return {**self._response, "status": status, "output": output, "usage": usage, **fields}
 

@@ -12,12 +12,16 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import yaml
 from redis.asyncio import Redis
+from sqlalchemy import Engine
 
+from billing.customers import set_org_customer
+from billing.events import UsageEvent
 from billing.keyspace import Keyspace
 from billing.meter import AdmissionRequest, UsageReport
 from billing.settings import DEFAULT_PRICEBOOK_PATH, BillingSettings
@@ -121,6 +125,56 @@ def usage_for(
         outcome=outcome,  # type: ignore[arg-type]
         customer_id=request.customer_id,
     )
+
+
+def hand_event(
+    org: str,
+    request_id: str,
+    started: datetime,
+    *,
+    tier: str,
+    version: str,
+    prompt: int,
+    completion: int,
+    list_cost: int,
+    cached: int = 0,
+    multiplier: str = "1",
+    plan: str = "hand",
+    key: str = "key-hand",
+    model: str = "composer-2.5",
+    client_request_id: str | None = None,
+) -> UsageEvent:
+    """A usage event whose list cost the test worked out by hand (not by the pricing code);
+    its allowance cost is that / ``multiplier``, a promotion's when it is not 1."""
+    usage_multiplier = Fraction(multiplier)
+    return UsageEvent(
+        event_id=f"{org}-{request_id}",
+        org_id=org,
+        key_id=key,
+        customer_id=None,
+        plan=plan,
+        model=model,
+        tier=tier,  # type: ignore[arg-type]
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        completion_tokens=completion,
+        client_request_id=client_request_id,
+        list_cost_nano_usd=list_cost,
+        allowance_cost_nano_usd=int(list_cost / usage_multiplier),
+        promotion_multiplier=str(usage_multiplier),
+        promotion_id="launch-week" if usage_multiplier != 1 else None,
+        price_version=version,
+        started_at=started,
+        ended_at=started,
+        outcome="complete",
+    )
+
+
+def set_customers(engine: Engine, customers: dict[str, str | None]) -> None:
+    """Each org's Stripe customer, as an admin sets it (``cstack keys customer``)."""
+    with engine.begin() as connection:
+        for org, customer in customers.items():
+            set_org_customer(connection, org, customer, datetime.now(UTC))
 
 
 def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:

@@ -1,5 +1,5 @@
-"""Run the real gateway app with billing's real Meter and UsageReader, configured from
-CSTACK_* env.
+"""Run the real gateway app with billing's real Meter, UsageReader and BillingAccounts,
+configured from CSTACK_* env.
 
     python metered_gateway.py
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import faulthandler
 import signal
 
-from billing import create_meter, create_usage_reader
+from billing import create_accounts, create_meter, create_usage_reader
 from billing.http import router
 from gateway.app import create_app
 from gateway.server import serve
@@ -23,7 +23,12 @@ def main() -> None:
     # A test that sees a hung shutdown sends SIGUSR1 to get every thread's stack.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     settings = GatewaySettings()
-    app = create_app(settings, create_meter(redis_url=settings.redis_url), create_usage_reader())
+    app = create_app(
+        settings,
+        create_meter(redis_url=settings.redis_url),
+        create_usage_reader(),
+        accounts=create_accounts(),
+    )
     app.include_router(router)
     serve(app, settings.model_copy(update={"log_level": "warning"}))
 

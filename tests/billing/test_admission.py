@@ -58,7 +58,7 @@ async def test_admit_reserves_worst_case_and_settle_charges_actual(meter: RedisM
     (event,) = await stream_events(meter)
     assert event["event_id"] == request.request_id
     assert event["list_cost_nano_usd"] == actual
-    assert event["allowance_consumed_nano_usd"] == actual
+    assert event["allowance_cost_nano_usd"] == actual
     assert event["promotion_multiplier"] == "1"
     assert event["price_version"] == "2026-11-01"
     assert event["plan"] == "pro"

@@ -41,7 +41,7 @@ def test_200_concurrent_requests_from_two_processes_stay_within_budget(
         k.decode(): int(v)
         for k, v in client.hgetall(keyspace(billing_settings).budget_prefix(org) + period).items()
     }
-    spent = sum(e["allowance_consumed_nano_usd"] for e in events)
+    spent = sum(e["allowance_cost_nano_usd"] for e in events)
 
     assert len(events) == admitted  # one usage event per admitted request
     assert state == {"reserved": 0, "used": spent}

@@ -237,7 +237,7 @@ def assert_budget_held(
     worst_one = max(
         worst_case_charge(book, tier="fast", model="composer-2.5",
                           prompt_tokens=len(r.shaped.content),
-                          max_output_tokens=r.shaped.max_output(), at=now).allowance_consumed_nano
+                          max_output_tokens=r.shaped.max_output(), at=now).allowance_cost_nano
         for r in results
     )  # fmt: skip
     period = events[0]["started_at"][:7]
@@ -245,6 +245,6 @@ def assert_budget_held(
         k.decode(): int(v)
         for k, v in sync.hgetall(keyspace(settings).budget_prefix(ORG) + period).items()
     }
-    used = sum(e["allowance_consumed_nano_usd"] for e in events)
+    used = sum(e["allowance_cost_nano_usd"] for e in events)
     assert budget == {"reserved": 0, "used": used}
     assert used <= cap + worst_one  # the bound

@@ -74,6 +74,6 @@ async def test_a_busy_key_is_admitted_ahead_and_billed_exactly(
     budget = {k.decode(): int(v) for k, v in sync.hgetall(prefix).items()}
     assert budget == {
         "reserved": 0,
-        "used": sum(e["allowance_consumed_nano_usd"] for e in events),
+        "used": sum(e["allowance_cost_nano_usd"] for e in events),
     }
     assert sync.hlen(f"{prefix}:resv-amount") == 0

@@ -85,7 +85,7 @@ async def test_two_gateways_200_concurrent_requests_stay_within_budget(
     cap = book.plan("pico").period_cap_nano
     prices = book.versions[-1].tiers["fast"]
     worst_one = max(e["prompt_tokens"] for e in events) * prices.input + MAX_TOKENS * prices.output
-    used = sum(e["allowance_consumed_nano_usd"] for e in events)
+    used = sum(e["allowance_cost_nano_usd"] for e in events)
     assert budget == {"reserved": 0, "used": used}
     assert used <= cap + worst_one
 

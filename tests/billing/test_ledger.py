@@ -18,8 +18,9 @@ from billing.invoice import invoice_preview
 from billing.ledger import UsageRow, add_adjustment, insert_usage_events, make_engine, migrate
 from billing.pricing import load_pricebook
 from billing.reporting import UsageUnavailable
-from billing.settings import BillingSettings
-from billing.summary import LedgerUsageReader, usage_summary
+from billing.settings import DEFAULT_PRICEBOOK_PATH, BillingSettings
+from billing.summary import usage_summary
+from billing.usage_reader import LedgerUsageReader
 
 DAY_ONE = datetime(2026, 11, 3, 10, 0, tzinfo=UTC)
 DAY_TWO = datetime(2026, 11, 4, 23, 59, 59, tzinfo=UTC)
@@ -41,7 +42,7 @@ def event(
         "cached_tokens": 0,
         "completion_tokens": 100,
         "list_cost_nano_usd": 1000 * prices[0] + 100 * prices[1],
-        "allowance_consumed_nano_usd": 1000 * prices[0] + 100 * prices[1],
+        "allowance_cost_nano_usd": 1000 * prices[0] + 100 * prices[1],
         "price_version": "2026-11-01",
         "started_at": at,
         "ended_at": at,
@@ -71,19 +72,62 @@ def test_usage_rows_are_deduplicated_and_append_only(ledger: Engine) -> None:
             connection.execute(text(statement))
 
 
-def test_summary_by_day_and_tier_with_adjustments(ledger: Engine) -> None:
+def test_rows_of_a_release_before_the_promotion_rule_migrate(ledger_url: str) -> None:
+    engine = make_engine(ledger_url)
+    migrate(engine, "0003")
+    now = datetime.now(UTC).replace(tzinfo=None)
+    with engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO usage_events (event_id, org_id, key_id, plan, model, tier, "
+                "prompt_tokens, cached_tokens, completion_tokens, list_cost_nano_usd, "
+                "allowance_consumed_nano_usd, promotion_multiplier, price_version, started_at, "
+                "ended_at, outcome, recorded_at) VALUES ('old-1', 'org-old', 'k', 'pro', "
+                "'composer-2.5', 'fast', 10, 0, 5, 210000, 105000, '2', 'v', :now, :now, "
+                "'complete', :now)"
+            ),
+            {"now": now},
+        )
+        connection.execute(
+            text(
+                "INSERT INTO usage_adjustments (adjustment_id, org_id, tier, effective_at, "
+                "list_cost_delta_nano_usd, allowance_delta_nano_usd, reason, created_at) "
+                "VALUES ('adj-old', 'org-old', 'fast', :now, -7, -7, 'credit', :now)"
+            ),
+            {"now": now},
+        )
+    migrate(engine)
+    with engine.connect() as connection:
+        row = connection.execute(select(UsageRow)).one()
+        delta = connection.execute(text("SELECT list_cost_delta_nano_usd FROM usage_adjustments"))
+        assert delta.scalar_one() == -7
+    assert (row.list_cost_nano_usd, row.allowance_cost_nano_usd) == (210_000, 105_000)
+    with pytest.raises(DBAPIError, match="append-only"), engine.begin() as connection:
+        connection.execute(text("UPDATE usage_events SET prompt_tokens = 0"))
+
+
+def test_summary_by_day_and_tier_with_adjustments(
+    ledger: Engine, billing_settings: BillingSettings
+) -> None:
+    """Plan pico includes $0.003 (3,000,000 nano-USD); written out of start order."""
+    book = load_pricebook(billing_settings.pricebook_path)
+    launch = {"promotion_multiplier": "2", "promotion_id": "launch-week"}
     with ledger.begin() as connection:
         insert_usage_events(
             connection,
             [
-                event("a", at=DAY_ONE),
-                event("b", at=DAY_ONE, tier="standard"),
+                event("c", at=DAY_TWO, plan="pico"),  # 4,500,000 of list: overage
+                # 750,000 of list and of allowance: 2,250,000 left after it.
+                event("a", at=DAY_ONE, tier="standard", plan="pico"),
+                # 9,000,000 of list at half: 2,250,000 of allowance covers 4,500,000.
                 event(
-                    "c",
-                    at=DAY_TWO,
-                    allowance_consumed_nano_usd=(1000 * 3000 + 100 * 15000) // 2,
-                    promotion_multiplier="2",
-                    promotion_id="launch-week",
+                    "b",
+                    at=DAY_ONE.replace(hour=12),
+                    plan="pico",
+                    completion_tokens=400,
+                    list_cost_nano_usd=9_000_000,
+                    allowance_cost_nano_usd=4_500_000,
+                    **launch,
                 ),
                 event("other-org", at=DAY_ONE, org_id="org-other"),
             ],
@@ -94,7 +138,6 @@ def test_summary_by_day_and_tier_with_adjustments(ledger: Engine) -> None:
             org_id="org-ledger",
             tier="fast",
             list_cost_delta_nano_usd=-1_000_000,
-            allowance_delta_nano_usd=-1_000_000,
             reason="goodwill credit",
             effective_at=DAY_TWO,
         )
@@ -104,28 +147,33 @@ def test_summary_by_day_and_tier_with_adjustments(ledger: Engine) -> None:
             org_id="org-ledger",
             tier="fast",
             list_cost_delta_nano_usd=-1_000_000,
-            allowance_delta_nano_usd=-1_000_000,
             reason="the same credit again",
         )
-    summary = usage_summary(ledger, "org-ledger", DAY_ONE.date(), DAY_TWO.date())
+    summary = usage_summary(ledger, book, "org-ledger", DAY_ONE.date(), DAY_TWO.date())
     rows = {(d["date"], d["tier"]): d for d in summary["data"]}
     assert set(rows) == {("2026-11-03", "fast"), ("2026-11-03", "standard"), ("2026-11-04", "fast")}
-    assert rows[("2026-11-03", "fast")]["list_cost_nano_usd"] == 4_500_000
-    assert rows[("2026-11-03", "fast")]["list_cost"] == "$0.004500000"
-    assert rows[("2026-11-03", "standard")]["list_cost_nano_usd"] == 750_000
+    standard = rows[("2026-11-03", "standard")]
+    assert (standard["list_cost_nano_usd"], standard["allowance_used_nano_usd"]) == (750_000,) * 2
+    promoted = rows[("2026-11-03", "fast")]
+    assert promoted["list_cost"] == "$0.009000000"
+    assert promoted["allowance_used_nano_usd"] == 2_250_000
+    assert promoted["promotion_savings_nano_usd"] == 2_250_000
+    assert promoted["overage_nano_usd"] == 4_500_000
     day_two = rows[("2026-11-04", "fast")]
-    assert day_two["list_cost_nano_usd"] == 4_500_000 - 1_000_000
-    assert day_two["allowance_used_nano_usd"] == 2_250_000 - 1_000_000
-    assert day_two["promotion_savings_nano_usd"] == 2_250_000
+    assert day_two["list_cost_nano_usd"] == 4_500_000
+    assert (day_two["allowance_used_nano_usd"], day_two["overage_nano_usd"]) == (0, 4_500_000)
+    assert day_two["adjustments_nano_usd"] == -1_000_000
     totals = summary["totals"]
     assert totals["requests"] == 3
     assert totals["prompt_tokens"] == 3000
-    assert totals["list_cost_nano_usd"] == 4_500_000 + 750_000 + 3_500_000
+    assert totals["list_cost_nano_usd"] == 750_000 + 9_000_000 + 4_500_000
+    assert totals["allowance_used"] == "$0.003000000"
     assert totals["promotion_savings"] == "$0.002250000"
+    assert totals["overage"] == "$0.009000000"
 
 
 async def test_usage_reader_reads_but_never_migrates(ledger_url: str) -> None:
-    reader = LedgerUsageReader(ledger_url)
+    reader = LedgerUsageReader(ledger_url, DEFAULT_PRICEBOOK_PATH)
     try:
         with pytest.raises(UsageUnavailable, match="cstack billing migrate"):
             await reader.usage_summary("org-ledger")
@@ -156,12 +204,12 @@ def test_invoice_preview_rounds_each_line_once(
                     prompt_tokens=0,
                     completion_tokens=333,
                     list_cost_nano_usd=832_500,
-                    allowance_consumed_nano_usd=832_500,
+                    allowance_cost_nano_usd=832_500,
                 )
                 for i in range(10)
             ],
         )
-    preview = invoice_preview(ledger, book, "org-ledger", "2026-11")
+    preview = invoice_preview(ledger, book, "org-ledger", "2026-11")  # within pro's $100
     (usage_line, allowance_line) = preview.lines
     assert usage_line.quantity == 3330
     assert usage_line.amount_nano_usd == 8_325_000
@@ -217,3 +265,27 @@ def test_consumer_writes_once_and_dead_letters_poison(
     ] * 2
     with ledger.connect() as connection:
         assert connection.execute(select(func.count()).select_from(UsageRow)).scalar_one() == 5
+
+
+def test_this_releases_migrations_go_down_and_up_again(ledger_url: str) -> None:
+    """0004 to 0007 undone and redone, with rows in every table they touch."""
+    from alembic import command
+
+    from billing.ledger.database import alembic_config
+
+    engine = make_engine(ledger_url)
+    migrate(engine)
+    with engine.begin() as connection:
+        insert_usage_events(connection, [event("down-up")])
+    config = alembic_config()
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.downgrade(config, "0003")
+    with engine.connect() as connection:
+        old = connection.execute(text("SELECT allowance_consumed_nano_usd FROM usage_events"))
+        assert old.scalar_one() == 1000 * 3000 + 100 * 15000
+    migrate(engine)
+    with engine.connect() as connection:
+        assert connection.execute(select(UsageRow.allowance_cost_nano_usd)).scalar_one() == (
+            1000 * 3000 + 100 * 15000
+        )

@@ -49,7 +49,7 @@ def test_per_token_prices_are_exact_integers(tier: str, input_nano: int, output_
     # $0.50 + $2.50 per million in and out (standard), $3 + $15 (fast), to the nano-dollar.
     assert priced.list_cost_nano == 1_000_000 * (input_nano + output_nano)
     assert isinstance(priced.list_cost_nano, int)
-    assert priced.allowance_consumed_nano == priced.list_cost_nano
+    assert priced.allowance_cost_nano == priced.list_cost_nano
     assert priced.price_version == "2026-11-01"
 
 
@@ -92,7 +92,7 @@ def test_launch_window_edges(at: datetime, multiplier: Fraction) -> None:
         at=at,
     )
     assert priced.list_cost_nano == 180_000
-    assert priced.allowance_consumed_nano * multiplier == priced.list_cost_nano
+    assert priced.allowance_cost_nano * multiplier == priced.list_cost_nano
     assert (priced.promotion_id is not None) == (multiplier != 1)
 
 

@@ -59,22 +59,22 @@ def test_cost_is_additive_over_splits_of_a_request(parts, tier, model, at: datet
     priced = [charge(BOOK, tier=tier, model=model, at=at, **p) for p in (whole, a, b)]
     assert priced[0].list_cost_nano == priced[1].list_cost_nano + priced[2].list_cost_nano
     assert (
-        priced[0].allowance_consumed_nano
-        == priced[1].allowance_consumed_nano + priced[2].allowance_consumed_nano
+        priced[0].allowance_cost_nano
+        == priced[1].allowance_cost_nano + priced[2].allowance_cost_nano
     )
 
 
 @given(requests(), tiers, models, instants)
 def test_cost_is_never_negative_and_always_an_integer(request, tier, model, at) -> None:  # type: ignore[no-untyped-def]
     priced = charge(BOOK, tier=tier, model=model, at=at, **request)
-    for amount in (priced.list_cost_nano, priced.allowance_consumed_nano):
+    for amount in (priced.list_cost_nano, priced.allowance_cost_nano):
         assert isinstance(amount, int)
         assert amount >= 0
-    assert priced.allowance_consumed_nano <= priced.list_cost_nano
+    assert priced.allowance_cost_nano <= priced.list_cost_nano
 
 
 @given(requests(), tiers, models, instants)
-def test_allowance_consumed_times_multiplier_is_list_cost(request, tier, model, at) -> None:  # type: ignore[no-untyped-def]
+def test_allowance_cost_times_multiplier_is_list_cost(request, tier, model, at) -> None:  # type: ignore[no-untyped-def]
     priced = charge(BOOK, tier=tier, model=model, at=at.astimezone(UTC), **request)
-    assert priced.allowance_consumed_nano * priced.usage_multiplier == priced.list_cost_nano
+    assert priced.allowance_cost_nano * priced.usage_multiplier == priced.list_cost_nano
     assert priced.usage_multiplier == BOOK.usage_multiplier_at(model, at)

@@ -93,7 +93,7 @@ async def test_a_promotion_halves_reservation_budget_and_allowance_but_not_list_
     client.close()
     with engine.connect() as connection:
         row = connection.execute(select(UsageRow).where(UsageRow.org_id == org)).one()
-    assert (row.list_cost_nano_usd, row.allowance_consumed_nano_usd) == (list_cost, list_cost // 2)
+    assert (row.list_cost_nano_usd, row.allowance_cost_nano_usd) == (list_cost, list_cost // 2)
     assert (row.promotion_id, row.promotion_multiplier) == ("always", "2")
     lines = {
         line.key: line.amount_nano_usd

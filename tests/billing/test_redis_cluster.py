@@ -66,7 +66,7 @@ def ledger_costs(engine: Engine) -> dict[str, int]:
     """Per org: the allowance the ledger charged."""
     with engine.connect() as connection:
         rows = connection.execute(
-            select(UsageRow.org_id, func.sum(UsageRow.allowance_consumed_nano_usd)).group_by(
+            select(UsageRow.org_id, func.sum(UsageRow.allowance_cost_nano_usd)).group_by(
                 UsageRow.org_id
             )
         ).all()
@@ -319,7 +319,7 @@ async def test_a_usage_event_spooled_before_sharding_replays_onto_its_orgs_shard
         "budget_prefix": "cstack:budget:{org-spooled-long-ago}:",
         "period": period_of(event.started_at),
         "event_id": event.event_id,
-        "allowance_nano_usd": event.allowance_consumed_nano_usd,
+        "allowance_nano_usd": event.allowance_cost_nano_usd,
         "event": event.model_dump_json(),
     }
     meter.usage.spool.append_all([legacy])

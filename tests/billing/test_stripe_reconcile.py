@@ -6,7 +6,8 @@ Stripe stand-in, and `cstack billing reconcile` reading Stripe back through stri
 The price book is the test's own, with fixed instants: two price versions inside
 November, and a launch promotion that starts inside November and ends inside December.
 The org's allowance is crossed during the promotion; a request is delivered twice; the
-stand-in fails the first posts; usage arrives late after November was posted. Amounts
+stand-in fails the first posts; usage arrives late after November was posted and
+changes its lines' items in place. Amounts
 are worked out by hand below so that the ledger itself is checked, not only Stripe
 against it.
 """
@@ -21,7 +22,7 @@ from typing import Any
 
 import pytest
 import redis
-from billing_support import StripeStandIn, keyspace, write_test_book
+from billing_support import StripeStandIn, keyspace, set_customers, write_test_book
 from pydantic import SecretStr
 from typer.testing import CliRunner
 
@@ -167,6 +168,7 @@ async def test_stripe_invoices_the_ledger_to_the_cent_through_the_billing_path(
     book = load_pricebook(book_path)
     engine = make_engine(ledger_url)
     migrate(engine)
+    set_customers(engine, {org: CUSTOMER})
     client = redis.Redis.from_url(settings.redis_url)
     consumer = UsageStreamConsumer(client, engine, settings)
     meter = RedisMeter(settings, book=book)
@@ -207,24 +209,30 @@ async def test_stripe_invoices_the_ledger_to_the_cent_through_the_billing_path(
             "standard.output.2026-10-01": 13,  # 12.5c, rounded once, half up
             "standard.input.2026-11-16": 1,  # 34,334 x $0.40/1M = 1.37c
             "standard.output.2026-11-16": 2,  # 8,776 x $2/1M = 1.76c
-            "promotion": -39,  # half of the promotion's $0.7703984 list cost
+            # r5 finds $0.3341128 of allowance left, which covers twice that of its list
+            # cost: the promotion's credit is $0.3341128, the rest of r5 and all of r6
+            # ($0.1021728) are overage at list price.
+            "promotion": -33,
             "allowance": -100,  # the whole $1.00: crossed during the promotion
         }
         agreed = reconcile(env, "2026-11", org)
         assert agreed.exit_code == 0, agreed.output
         assert "agree" in agreed.stdout
-        assert stripe_total(settings, "2026-11") == preview.total_cents == 5
+        assert stripe_total(settings, "2026-11") == preview.total_cents == 11
 
         # Usage that arrives after November was posted: only the lines it changes move.
         await settle(meter, org, *LATE)
         consumer.drain(max_seconds=30)
         late = sync_stripe(engine, book, settings, december_first + timedelta(hours=1))
-        assert (late.planned, late.sent) == (2, 2)  # fast.output.2026-11-16 +5c, promotion -2c
+        # Past the allowance: overage at list. fast.output.2026-11-16's item +5c; the
+        # fast.input one keeps its 6c but now stands for 26,234 tokens (62,961,600 nano:
+        # no longer whole cents, so an amount with the tokens in its description).
+        assert (late.planned, late.sent) == (2, 2)
         assert reconcile(env, "2026-11", org).exit_code == 0
         assert (
             stripe_total(settings, "2026-11")
             == invoice_preview(engine, book, org, "2026-11").total_cents
-            == 8
+            == 16
         )
 
         # December: the promotion ends on the 4th; every line rounds on its own.
@@ -246,8 +254,8 @@ async def test_stripe_invoices_the_ledger_to_the_cent_through_the_billing_path(
             "allowance": -2,
         }
         assert stripe_total(settings, "2026-12") == 0
-        # Stripe's own upcoming invoice carries both months' pending items: 8c + 0c.
-        assert "Stripe's upcoming invoice for cus_recon (all pending items): $0.08" in (
+        # Stripe's own upcoming invoice carries both months' pending items: 16c + 0c.
+        assert "Stripe's upcoming invoice for cus_recon (all pending items): $0.16" in (
             december.stdout
         )
 

@@ -1,8 +1,8 @@
 """Ledger -> Stripe invoice items against the local Stripe stand-in (a real HTTP server
-process driven by stripe-python): items mirror the ledger's invoice lines to the cent,
-are posted once across injected failures, lost commits and resends after Stripe forgot
-the idempotency key, and late usage, adjustments and a write racing the planner each
-become another delta."""
+process driven by stripe-python): an item per invoice line, to the cent, posted once
+across injected failures, lost commits and resends after Stripe forgot the idempotency
+key; late usage updates its line's item in place, and a write racing the planner keeps
+its period queued. (test_stripe_items.py: finalized invoices, adjustments, customers.)"""
 
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 import stripe
-from billing_support import StripeStandIn, write_test_book
+from billing_support import StripeStandIn, set_customers, write_test_book
+from prometheus_client import REGISTRY
 from pydantic import SecretStr
 from sqlalchemy import Engine, func, select, update
 
-from billing import stripe_sync
+from billing import stripe_items
 from billing.events import UsageEvent
 from billing.invoice import invoice_preview
 from billing.ledger import (
@@ -34,6 +35,7 @@ from billing.settings import BillingSettings
 from billing.stripe_api import (
     create_invoice_item,
     list_invoice_items,
+    service_period,
     stripe_client,
     upcoming_invoice_total,
 )
@@ -93,7 +95,7 @@ def usage(
         cached_tokens=0,
         completion_tokens=completion,
         list_cost_nano_usd=priced.list_cost_nano,
-        allowance_consumed_nano_usd=priced.allowance_consumed_nano,
+        allowance_cost_nano_usd=priced.allowance_cost_nano,
         promotion_multiplier=str(priced.usage_multiplier),
         promotion_id=priced.promotion_id,
         price_version=priced.price_version,
@@ -135,6 +137,8 @@ def ledger_with_usage(url: str, book: PriceBook) -> Engine:
                 ),
             ],
         )  # fmt: skip
+    # org-c has no Stripe customer: its month is never posted.
+    set_customers(engine, {"org-a": "cus_A", "org-b": "cus_B"})
     return engine
 
 
@@ -193,7 +197,9 @@ def test_invoice_items_mirror_the_ledger_once_across_failures_and_lost_commits(
         ).all()
         queued = connection.execute(select(InvoiceChange.org_id, InvoiceChange.period)).all()
     assert [tuple(w) for w in waiting] == [(1, NOW + timedelta(seconds=60))] * 2
-    assert [tuple(q) for q in queued] == [("org-a", "2026-12")]  # org-c: dequeued, no items
+    # org-c has no Stripe customer: its month waits for one, counted by a metric.
+    assert sorted(tuple(q) for q in queued) == [("org-a", "2026-12"), ("org-c", "2026-11")]
+    assert REGISTRY.get_sample_value("cstack_orgs_without_stripe_customer") == 1
     assert sync_stripe(engine, book, settings, NOW + timedelta(seconds=30)).sent == 0  # backoff
     assert sync_stripe(engine, book, settings, NOW + timedelta(seconds=61)).sent == 2
 
@@ -214,12 +220,17 @@ def test_invoice_items_mirror_the_ledger_once_across_failures_and_lost_commits(
     # A worker that crashed after Stripe answered but before its commit resends: the same
     # idempotency key replays Stripe's first answer instead of adding an item.
     with engine.begin() as connection:
-        connection.execute(update(StripeInvoiceItem).values(status="pending"))
+        connection.execute(
+            update(StripeInvoiceItem).values(
+                status="pending", stripe_item_id=None, stripe_state=None
+            )
+        )
     assert sync_stripe(engine, book, settings, NOW + timedelta(seconds=62)).sent == 8
     assert server.results().count("replayed") == 8
     assert len(server.accepted()) == 8
 
-    # Usage that arrives late for the closed month, and a credit, are new deltas.
+    # Usage that arrives late for the closed month changes its line's item in place; a
+    # credit is a line of its own.
     with engine.begin() as connection:
         insert_usage_events(
             connection,
@@ -231,17 +242,22 @@ def test_invoice_items_mirror_the_ledger_once_across_failures_and_lost_commits(
             org_id="org-a",
             tier="fast",
             list_cost_delta_nano_usd=-50_000_000,
-            allowance_delta_nano_usd=-50_000_000,
             reason="goodwill credit",
             effective_at=nov(15),
         )
     later = NOW + timedelta(minutes=5)
     assert sync_stripe(engine, book, settings, later).sent == 2
     assert stripe_lines(settings, "cus_A", "cus_B") == ledger_lines(engine, book, "org-a", "org-b")
-    revised = [r for r in server.accepted() if r["metadata"]["cstack_revision"] == "2"]
-    assert [(r["metadata"]["cstack_line"], r["amount"]) for r in revised] == [
-        ("fast.output.2026-11-01", "4")  # 1.5c + 4.5c = 6c, of which 2c were posted
-    ]
+    created = [r for r in server.accepted() if r["method"] == "POST"]
+    assert [(r["metadata"]["cstack_line"], r["amount"]) for r in created][-1] == (
+        "adjustments",
+        "-5",
+    )
+    (changed,) = [r for r in server.requests() if r["path"].startswith("/v1/invoiceitems/")
+                  and r["method"] == "POST"]  # fmt: skip
+    # b1's 1,000 output tokens (1.5c) and b-late's 3,000 (4.5c): 6c, one item, updated.
+    assert (changed["quantity"], changed["unit_amount_decimal"]) == ("4000", "0.0015")
+    assert len(stripe_client(settings).v1.invoice_items.list({"customer": "cus_B"}).data) == 3
     assert sync_stripe(engine, book, settings, later + timedelta(minutes=5)).planned == 0
 
     # December, once closed.
@@ -292,7 +308,7 @@ def test_a_write_racing_the_planner_keeps_the_period_queued(
     server = stripe_server()
     settings = settings_for(billing_settings, server, ledger_url)
     engine = ledger_with_usage(ledger_url, book)
-    read_invoice = stripe_sync.read_invoice
+    read_invoice = stripe_items.read_invoice
     raced: list[str] = []
 
     def read_then_race(connection, book, org_id, period):  # type: ignore[no-untyped-def]
@@ -307,7 +323,7 @@ def test_a_write_racing_the_planner_keeps_the_period_queued(
             raced.append(org_id)
         return invoice
 
-    monkeypatch.setattr(stripe_sync, "read_invoice", read_then_race)
+    monkeypatch.setattr(stripe_items, "read_invoice", read_then_race)
     sync_stripe(engine, book, settings, NOW)
     assert stripe_lines(settings, "cus_B") != ledger_lines(engine, book, "org-b")
     with engine.connect() as connection:
@@ -360,15 +376,15 @@ def test_the_stand_in_pages_replays_and_refuses_keys_as_stripe_does(
     november = (nov(1), datetime(2026, 12, 1, tzinfo=UTC))
 
     def post(amount: int, key: str) -> str:
-        return create_invoice_item(
-            client,
-            customer="cus_pages",
-            amount_cents=amount,
-            description="line",
-            metadata={"cstack_line": "x"},
-            service_period=november,
-            idempotency_key=key,
-        )
+        params = {
+            "customer": "cus_pages",
+            "amount": amount,
+            "currency": "usd",
+            "description": "line",
+            "metadata": {"cstack_line": "x"},
+            "period": service_period(*november),
+        }
+        return create_invoice_item(client, params, key)
 
     assert upcoming_invoice_total(client, "cus_pages") is None  # nothing pending yet
     ids = [post(n, f"key-{n}") for n in range(230)]

@@ -81,4 +81,16 @@ def test_an_event_in_the_launch_week_names_its_promotion() -> None:
     )
     assert event.promotion_id is not None and event.multiplier > 1
     assert event.list_cost_nano_usd == 10 * 3000 + 5 * 15000
-    assert event.allowance_consumed_nano_usd * event.multiplier == event.list_cost_nano_usd
+    assert event.allowance_cost_nano_usd * event.multiplier == event.list_cost_nano_usd
+
+
+def test_an_event_of_a_release_before_the_promotion_rule_still_validates() -> None:
+    """Events then named the allowance cost ``allowance_consumed_nano_usd``: those still
+    in a usage stream, a spool or the dead letters when the ledger is upgraded."""
+    at = LAUNCH + timedelta(hours=1)
+    request = AdmissionRequest("req-2", "org", "key", "pro", "fast", "composer-2.5", 10, 5)
+    usage = UsageReport("req-2", "org", "key", "composer-2.5", "fast", 10, 0, 5, at, at, "complete")
+    fields = usage_event_fields(BOOK, Admission(request=request), usage)
+    fields["allowance_consumed_nano_usd"] = fields.pop("allowance_cost_nano_usd")
+    event = UsageEvent.model_validate_json(usage_event_json(fields))
+    assert event.allowance_cost_nano_usd == (10 * 3000 + 5 * 15000) // 2

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 import redis
-from billing_support import Process, StripeStandIn, wait_for
+from billing_support import Process, StripeStandIn, set_customers, wait_for
 from pydantic import SecretStr
 from sqlalchemy import func, select
 
@@ -43,7 +43,7 @@ def usage_event(n: int) -> UsageEvent:
         cached_tokens=0,
         completion_tokens=1,
         list_cost_nano_usd=n * 500 + 2500,
-        allowance_consumed_nano_usd=n * 500 + 2500,
+        allowance_cost_nano_usd=n * 500 + 2500,
         price_version="2026-11-01",
         started_at=AT,
         ended_at=AT,
@@ -77,6 +77,7 @@ def test_worker_killed_mid_batch_then_restarted_writes_each_event_once(
     engine = make_engine(settings.ledger_url)
     database_path = str(engine.url.database)
     migrate(engine)
+    set_customers(engine, dict(ORGS))
 
     def ledger_rows() -> int:
         with engine.connect() as connection:

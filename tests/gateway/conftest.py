@@ -10,6 +10,7 @@ import openai
 import pytest
 from gateway_support import ADMIN_TOKEN, Forwarder, GatewayServer, RecordingMeter, create_key
 
+from billing.accounts import BillingAccounts
 from billing.meter import Meter, UnmeteredMeter
 from billing.reporting import UnmeteredUsageReader, UsageReader
 from gateway.settings import GatewaySettings
@@ -22,7 +23,10 @@ def start_gateway(redis_url: str) -> Iterator[Callable[..., GatewayServer]]:
     servers: list[GatewayServer] = []
 
     def start(
-        meter: Meter | None = None, usage: UsageReader | None = None, **overrides: Any
+        meter: Meter | None = None,
+        usage: UsageReader | None = None,
+        accounts: BillingAccounts | None = None,
+        **overrides: Any,
     ) -> GatewayServer:
         values: dict[str, Any] = {
             "port": free_port(),
@@ -32,7 +36,10 @@ def start_gateway(redis_url: str) -> Iterator[Callable[..., GatewayServer]]:
             **overrides,
         }
         server = GatewayServer(
-            GatewaySettings(**values), meter or UnmeteredMeter(), usage or UnmeteredUsageReader()
+            GatewaySettings(**values),
+            meter or UnmeteredMeter(),
+            usage or UnmeteredUsageReader(),
+            accounts,
         ).start()
         servers.append(server)
         return server

@@ -14,6 +14,7 @@ import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
+from billing.accounts import BillingAccounts
 from billing.meter import (
     Admission,
     AdmissionRefused,
@@ -50,11 +51,17 @@ class GatewayServer:
     serves it (gateway/server.py): ``url`` is the public listener, ``internal_url`` the
     one with /metrics and /admin/."""
 
-    def __init__(self, settings: GatewaySettings, meter: Meter, usage: UsageReader) -> None:
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        meter: Meter,
+        usage: UsageReader,
+        accounts: BillingAccounts | None = None,
+    ) -> None:
         if settings.internal_port == GatewaySettings.model_fields["internal_port"].default:
             settings = settings.model_copy(update={"internal_port": free_port()})
         self.settings = settings
-        self.app = create_app(settings, meter, usage)
+        self.app = create_app(settings, meter, usage, accounts=accounts)
         config = server_config(
             self.app, settings, host="127.0.0.1", log_level="warning", timeout_graceful_shutdown=2
         )

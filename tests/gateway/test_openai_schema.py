@@ -13,19 +13,26 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from gateway_support import WEATHER_TOOL, GatewayServer
+from gateway_support import WEATHER_TOOL, GatewayServer, RecordingMeter
 from jsonschema import Draft202012Validator
 
+from billing.events import answer_cost
+from billing.meter import UsageReport
+from billing.pricing import load_pricebook
+from billing.settings import DEFAULT_PRICEBOOK_PATH
 from gateway.sse import StreamRewriter, error_event
 from serving.vocabulary import ANSWER_SERVICE_TIERS, DEFAULT_TIER, SERVICE_TIERS, Tier
 
 pytestmark = pytest.mark.vllm
 
+BOOK = load_pricebook(DEFAULT_PRICEBOOK_PATH)
 SCHEMA: dict[str, Any] = json.loads(
     Path(__file__).with_name("openai_response_schema.json").read_text()
 )
@@ -158,6 +165,56 @@ def test_text_completions_conform(
     answers = served(gateway, api_key, "/v1/completions", body, definition)
     if body.get("logprobs"):
         assert any(choice["logprobs"] for answer in answers for choice in answer["choices"])
+
+
+class PricingMeter(RecordingMeter):
+    """Admits and records as ``RecordingMeter``, and prices each answer as billing does
+    (``usage.cstack_cost``: the extension field every metered answer carries)."""
+
+    def usage_cost(self, usage: UsageReport) -> dict[str, Any] | None:
+        return answer_cost(BOOK, usage)
+
+
+@pytest.fixture(scope="module")
+def priced_gateway(start_gateway: Callable[..., GatewayServer], vllm_url: str) -> GatewayServer:
+    return start_gateway(meter=PricingMeter(), upstream_url=vllm_url)
+
+
+@pytest.mark.parametrize("mode", ["answer", "stream-usage"])
+@pytest.mark.parametrize(
+    ("path", "body", "definitions"),
+    [
+        (
+            "/v1/chat/completions",
+            CHAT_CASES["n=2"],
+            ("CreateChatCompletionResponse", "CreateChatCompletionStreamResponse"),
+        ),
+        (
+            "/v1/completions",
+            COMPLETION_CASES["prompts-n=2-logprobs"],
+            ("CreateCompletionResponse", "CreateCompletionStreamChunk"),
+        ),
+    ],
+    ids=["chat", "completions"],
+)
+def test_answers_carrying_their_cost_conform(
+    priced_gateway: GatewayServer,
+    api_key: str,
+    path: str,
+    body: dict[str, Any],
+    definitions: tuple[str, str],
+    mode: str,
+) -> None:
+    definition = definitions[mode != "answer"]
+    answers = served(priced_gateway, api_key, path, {**body, **MODES[mode]}, definition)
+    usage = answers[-1]["usage"]
+    cost = usage["cstack_cost"]
+    prices = BOOK.version_at(datetime.now(UTC)).tiers["fast"]
+    assert cost["list_cost_nano_usd"] == (
+        usage["prompt_tokens"] * prices.input + usage["completion_tokens"] * prices.output
+    )
+    # Only the final usage carries it (a stream with continuous usage has it in every chunk).
+    assert not any("cstack_cost" in (answer.get("usage") or {}) for answer in answers[:-1])
 
 
 def test_models_list_conforms(gateway: GatewayServer, api_key: str) -> None:
