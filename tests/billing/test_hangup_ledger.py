@@ -8,8 +8,7 @@ import json
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -24,6 +23,7 @@ from billing.consumer import UsageStreamConsumer
 from billing.ledger import UsageRow, make_engine, migrate
 from billing.settings import BillingSettings
 from serving.process import free_port
+from tests.support.waits import wait_until
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="session")]
 FORWARDER = Path(__file__).parents[1] / "gateway" / "forwarder.py"
@@ -54,13 +54,6 @@ def vllm_counter(vllm_url: str, name: str) -> float:
             if sample.name == name:
                 return float(sample.value)
     return 0.0
-
-
-def wait_until(predicate: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + 60
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 async def test_hanging_up_on_a_non_streaming_request_bills_its_tokens_in_the_ledger(

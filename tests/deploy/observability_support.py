@@ -43,14 +43,6 @@ ALERT_FORM = re.compile(
 )
 
 
-def wait_until(predicate: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(0.2)
-
-
 def dashboard_expressions() -> Iterator[tuple[str, str]]:
     """``(where, PromQL)`` for every panel target, Grafana variables substituted."""
     for path in DASHBOARDS:

@@ -48,11 +48,11 @@ from observability_support import (
     prometheus_config,
     scraped_request_count,
     send_traffic,
-    wait_until,
 )
 from sqlalchemy import create_engine, text
 
 from serving.process import ManagedProcess, free_port
+from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.vllm
 
@@ -179,7 +179,7 @@ def observed(
         server.start()
         server.wait_healthy(timeout_s=60)
         api = PrometheusApi(prometheus_url)
-        wait_until(lambda: len(api.query("up == 1")) == 4, 30, "every target to be scraped")
+        wait_until(lambda: len(api.query("up == 1")) == 4, "every target to be scraped", 30)
 
         # Labelled series start to exist at their first observation, and rate() counts
         # only increases Prometheus saw happen: so a first round creates the series, and
@@ -193,8 +193,8 @@ def observed(
                 len(api.query("cstack_time_to_first_token_seconds_count")) == 2
                 and len(api.query("cstack_admission_refusals_total")) == 2
             ),
-            30,
             "the first round's series to be scraped",
+            30,
         )
         codes += send_traffic(gateway_url, redis)
         # Prometheus has scraped the gateway after the second round: its count of
@@ -202,8 +202,8 @@ def observed(
         served = gateway_request_count(internal_url, routes=("chat", "completions"))
         wait_until(
             lambda: scraped_request_count(api) == served,
-            30,
             "the second round's requests to be scraped",
+            30,
         )
         # The pipeline's last steps: every metered request in the ledger, and usage posted
         # to Stripe as invoice items (the running month, CSTACK_STRIPE_POST_OPEN_PERIODS)
@@ -211,23 +211,23 @@ def observed(
         answered = gateway_request_count(internal_url, routes=("chat", "completions"), status="200")
         wait_until(
             lambda: ledger_event_count(env["CSTACK_LEDGER_URL"]) == answered,
-            120,
             f"the ledger to hold the {answered} answered requests",
+            120,
         )
         wait_until(
             lambda: api.query(
                 'cstack_stripe_invoice_items_total{result="sent", job="billing-worker"} > 0'
             ),
-            120,
             "a Stripe invoice item to be sent and scraped",
+            120,
         )
         # One more scrape of every target after all of it: every series, however late it
         # was born, then has two samples, which rate() and increase() need.
         settled = time.time()
         wait_until(
             lambda: min(float(s["value"][1]) for s in api.query("timestamp(up)")) > settled,
-            30,
             "every target to be scraped once more",
+            30,
         )
         yield ObservedStack(api, env["CSTACK_LEDGER_URL"], stripe, codes)
     finally:
@@ -261,8 +261,8 @@ def test_alert_rules_load_and_evaluate_in_prometheus(observed: ObservedStack) ->
             for group in api.get("/api/v1/rules")["groups"]
             for rule in group["rules"]
         ),
-        30,
         "every rule to be evaluated",
+        30,
     )
     rules = [rule for group in api.get("/api/v1/rules")["groups"] for rule in group["rules"]]
     assert {rule["name"] for rule in rules} == {name for name, _, _ in alert_expressions()}

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 from collections.abc import Callable
 
 import httpx
 import openai
 import pytest
 from gateway_support import Forwarder, GatewayServer, RecordingMeter, metric_value
+
+from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.vllm
 
@@ -24,13 +25,6 @@ ENDLESS = {"model": "composer-2.5", "messages": MESSAGES, "max_tokens": 1500, "i
 
 def vllm_metric(vllm_url: str, name: str) -> float:
     return metric_value(httpx.get(f"{vllm_url}/metrics").text, name)
-
-
-def wait_until(predicate: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def test_a_client_hanging_up_on_a_non_streaming_request_pays_what_was_generated(

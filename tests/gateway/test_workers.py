@@ -19,7 +19,6 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import psutil
@@ -32,6 +31,7 @@ from gateway.capacity import SlotPolicy, share
 from serving.process import free_port
 from tests.billing.usage_upstream import SLOW_SEED
 from tests.conftest import cstack_command
+from tests.support.waits import wait_until
 
 STAND_IN = Path(__file__).parents[1] / "billing" / "usage_upstream.py"
 CHAT = {"model": "composer-2.5", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
@@ -61,7 +61,7 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         [sys.executable, str(STAND_IN), str(port)], stdout=log, stderr=subprocess.STDOUT
     )
     try:
-        wait_until(lambda: _ok(f"http://127.0.0.1:{port}/health"), 30, "the upstream stand-in")
+        wait_until(lambda: _ok(f"http://127.0.0.1:{port}/health"), "the upstream stand-in", 30)
         yield f"http://127.0.0.1:{port}"
     finally:
         process.terminate()
@@ -109,7 +109,7 @@ def start_gateway(
             # /readyz answers once one worker serves; the supervisor says when all do.
             return _ok(f"{gateway.url}/readyz") and "gateway serving on port" in log.read_text()
 
-        wait_until(ready, 90, "cstack gateway --workers to be ready")
+        wait_until(ready, "cstack gateway --workers to be ready", 90)
         return gateway
 
     yield start
@@ -145,7 +145,7 @@ def test_requests_spread_over_both_workers_and_metrics_add_up(
         )
 
     # Every scrape, whichever worker answers it, counts both workers' requests.
-    wait_until(counted, 30, "the metrics of both workers")
+    wait_until(counted, "the metrics of both workers", 30)
     for _ in range(6):
         text = gateway.metrics()
         assert total(text, "cstack_requests_total", route="chat", status="200") == 16
@@ -188,7 +188,7 @@ def test_sigterm_lets_every_workers_streams_finish_then_stops_them_all(
         with ThreadPoolExecutor(len(clients)) as pool:
             begun: list[int] = []
             bodies = [pool.submit(stream, c, lambda: begun.append(1)) for c in clients]
-            wait_until(lambda: len(begun) == len(clients), 30, "every stream to start")
+            wait_until(lambda: len(begun) == len(clients), "every stream to start", 30)
             gateway.process.send_signal(signal.SIGTERM)
             stopped_at = time.monotonic()
             for body in bodies:
@@ -215,9 +215,9 @@ def test_a_worker_that_dies_is_restarted(
         pids = {worker.pid for worker in gateway.workers()}
         return len(pids) == 2 and second.pid in pids and first.pid not in pids
 
-    wait_until(replaced, 60, "the dead worker's replacement")
+    wait_until(replaced, "the dead worker's replacement", 60)
     wait_until(
-        lambda: "restarted, serving" in gateway.log.read_text(), 60, "the replacement to serve"
+        lambda: "restarted, serving" in gateway.log.read_text(), "the replacement to serve", 60
     )
     with connections(gateway.url, key, 16) as clients:
         for client in clients:
@@ -348,13 +348,6 @@ def total(text: str, name: str, **labels: str) -> float:
         for sample in family.samples
         if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
     )
-
-
-def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out after {timeout_s}s waiting for {what}"
-        time.sleep(0.1)
 
 
 def _ok(url: str) -> bool:
