@@ -42,13 +42,13 @@ from serving.process import free_port
 from serving.spec_decode import SpecDecodeCounters, greedy_counters
 from serving.tiny import build_tiny_checkpoint
 from serving.valkey import running_valkey
-from training.checkpoint import graft_mtp_layers
-from training.config import TrainerConfig
-from training.losses import IGNORE_INDEX
+from training.components.checkpoint import graft_mtp_layers
+from training.components.losses import IGNORE_INDEX
 from training.optim.config import MuonConfig
 from training.rl.rollouts.gate import PolicyVersionGate
 from training.rl.rollouts.weight_sync import VllmWeightSync
-from training.trainer import Trainer
+from training.trainer.config import TrainerConfig
+from training.trainer.loop import Trainer
 
 PROMPTS = [
     "def add(a, b):",

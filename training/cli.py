@@ -20,11 +20,11 @@ from typing import Any, NoReturn
 
 import typer
 
-from training.config import TrainerConfig
-from training.options import build_config, check_choices, cli_options, option, typer_command
 from training.plan import PlanConfig, PlanError
 from training.plan_report import report
 from training.settings import TrainingSettings
+from training.trainer.config import TrainerConfig
+from training.trainer.options import build_config, check_choices, cli_options, option, typer_command
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class LaunchConfig:
                 "--rdzv-backend=c10d",
                 f"--rdzv-endpoint={self.rdzv_endpoint}",
             ]
-        return [*command, "-m", "training.launch", config_file]
+        return [*command, "-m", "training.trainer.launch", config_file]
 
 
 TRAINER_OPTIONS = cli_options(TrainerConfig)

@@ -38,7 +38,7 @@ import yaml
 
 from training.distributed.config import ParallelConfig
 from training.models.deepseek_v3.config import ModelConfig
-from training.options import option
+from training.trainer.options import option
 
 CALIBRATION_FILE = Path(__file__).with_name("plan_calibration.yaml")
 ANNOUNCED_STEP_S = 0.2  # the composer-2.5 announcement's Muon step for the 1T model

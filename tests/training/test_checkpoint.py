@@ -11,12 +11,12 @@ import torch
 from spawn import run_ranks
 
 from serving.process import free_port
-from training.config import TrainerConfig
 from training.distributed.config import ParallelConfig
 from training.models.deepseek_v3.config import ModelConfig
 from training.models.deepseek_v3.model import DeepseekV3Model
 from training.optim.config import MuonConfig
-from training.trainer import Trainer
+from training.trainer.config import TrainerConfig
+from training.trainer.loop import Trainer
 
 SMALL = ModelConfig(
     vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,

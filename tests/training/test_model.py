@@ -151,7 +151,7 @@ def test_bf16_autocast_stays_close_to_fp32(tiny_model: Path) -> None:
 
 
 def test_token_logprobs_for_loss_hooks() -> None:
-    from training.losses import IGNORE_INDEX, cross_entropy_loss, token_logprobs
+    from training.components.losses import IGNORE_INDEX, cross_entropy_loss, token_logprobs
 
     logits = torch.randn(2, 5, 11, generator=torch.Generator().manual_seed(0))
     labels = torch.tensor([[1, 2, 3, IGNORE_INDEX, 4], [0, 10, IGNORE_INDEX, 5, 6]])

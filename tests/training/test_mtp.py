@@ -12,20 +12,20 @@ import torch
 from safetensors.torch import load_file
 from spawn import run_ranks
 
-from training.config import TrainerConfig
-from training.data import RandomTokens
-from training.distributed.config import ParallelConfig
-from training.losses import (
+from training.components.data import RandomTokens
+from training.components.losses import (
     IGNORE_INDEX,
     cross_entropy_loss,
     mtp_cross_entropy,
     mtp_inputs,
 )
+from training.distributed.config import ParallelConfig
 from training.models.deepseek_v3.config import ModelConfig
 from training.models.deepseek_v3.hf_io import read_hf_tensors
 from training.models.deepseek_v3.model import DeepseekV3Model
 from training.optim.config import MuonConfig
-from training.trainer import Trainer
+from training.trainer.config import TrainerConfig
+from training.trainer.loop import Trainer
 
 SMALL = ModelConfig(
     vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,

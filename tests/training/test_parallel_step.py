@@ -8,16 +8,16 @@ import pytest
 import torch
 from spawn import run_ranks
 
-from training.config import TrainerConfig
-from training.data import RandomTokens
+from training.components.data import RandomTokens
+from training.components.losses import cross_entropy_loss
 from training.distributed.config import ParallelConfig
-from training.losses import cross_entropy_loss
 from training.models.deepseek_v3.config import ModelConfig
 from training.models.deepseek_v3.model import DeepseekV3Model
 from training.models.deepseek_v3.moe import update_routing_bias
 from training.optim.config import MuonConfig
 from training.optim.muon import build_optimizer
-from training.trainer import Trainer
+from training.trainer.config import TrainerConfig
+from training.trainer.loop import Trainer
 
 SMALL = ModelConfig(
     vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,

@@ -11,10 +11,9 @@ import torch
 from spawn import run_ranks
 from torch import Tensor
 
-from training.config import TrainerConfig
-from training.data import RandomTokens
+from training.components.data import RandomTokens
+from training.components.losses import cross_entropy_loss
 from training.distributed.config import ParallelConfig
-from training.losses import cross_entropy_loss
 from training.models.deepseek_v3.attention import MLAttention
 from training.models.deepseek_v3.config import ModelConfig
 from training.models.deepseek_v3.model import DeepseekV3Model
@@ -22,7 +21,8 @@ from training.models.deepseek_v3.moe import update_routing_bias
 from training.models.deepseek_v3.qk_clip import qk_clip, take_max_logits
 from training.optim.config import MuonConfig
 from training.optim.muon import build_optimizer
-from training.trainer import Trainer
+from training.trainer.config import TrainerConfig
+from training.trainer.loop import Trainer
 
 SMALL = ModelConfig(
     vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,

@@ -357,7 +357,7 @@ def _kimi_k25_checkpoint(source: Path, out: Path) -> Path:
 def test_kimi_k25_loads_as_its_language_model_and_exports_its_own_layout(
     int4_model: Path, tmp_path: Path
 ) -> None:
-    from training.checkpoint import export_hf
+    from training.components.checkpoint import export_hf
 
     wrapped = _kimi_k25_checkpoint(int4_model, tmp_path / "k25")
     config = ModelConfig.from_pretrained(wrapped)

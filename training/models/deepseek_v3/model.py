@@ -106,7 +106,7 @@ class DeepseekV3Model(nn.Module):
         mtp_input_ids: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
         """Logits; given ``mtp_input_ids`` [batch, seq, depths] (at position i, depth k:
-        token i+k, training.losses.mtp_inputs), also one logits tensor per MTP depth."""
+        token i+k, training.components.losses.mtp_inputs), also one logits tensor per MTP depth."""
         if positions is None:
             positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(
                 input_ids

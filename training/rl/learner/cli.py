@@ -1,7 +1,7 @@
 """`cstack rl`: the whole RL loop locally, with a live display.
 
 The options are the fields of ``SessionConfig`` declared with help text
-(``training/options.py``). The session (torch, vLLM clients) is imported only when the
+(``training/trainer/options.py``). The session (torch, vLLM clients) is imported only when the
 command runs, so that `cstack --help` stays fast.
 """
 
@@ -15,9 +15,9 @@ from typing import Any
 
 import typer
 
-from training.options import build_config, check_choices, cli_options, typer_command
 from training.rl.feedback import FeedbackConfigError, load_feedback_config
 from training.rl.learner.config import SessionConfig, parse_task_styles
+from training.trainer.options import build_config, check_choices, cli_options, typer_command
 
 SESSION_OPTIONS = cli_options(SessionConfig)
 

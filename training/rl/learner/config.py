@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Literal
 
 from serving.vocabulary import REASONING_EFFORTS, VERBOSITIES
-from training.options import option
 from training.rl.feedback import DEFAULT_FEEDBACK_FILE, TextFeedbackConfig
 from training.rl.learner.curriculum import CurriculumConfig
 from training.rl.rollouts.request import TaskStyle
+from training.trainer.options import option
 
 Normalisation = Literal["token", "sequence"]
 #: How the policy gradient treats tokens the trainer's policy rates differently from the

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from training.options import option
+from training.trainer.options import option
 
 Sampling = Literal["learnability", "uniform"]
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from training.losses import token_logprobs
+from training.components.losses import token_logprobs
 from training.rl.feedback import KlNormalisation
 from training.rl.learner.batch import TurnBatch, completion_logits
 from training.rl.learner.config import GRPOConfig

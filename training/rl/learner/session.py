@@ -23,7 +23,6 @@ from tokenizers import Tokenizer
 from serving.process import free_port
 from serving.tiny import build_tiny_checkpoint
 from serving.valkey import running_valkey
-from training.config import TrainerConfig
 from training.optim.config import MuonConfig
 from training.rl.feedback import load_feedback_config
 from training.rl.learner.config import GRPOConfig, SessionConfig
@@ -36,7 +35,8 @@ from training.rl.rollouts.gate import PolicyVersionGate, gate_prefix
 from training.rl.rollouts.weight_sync import VllmWeightSync
 from training.rl.rollouts.worker import TASK_NAME, make_celery
 from training.settings import TrainingSettings
-from training.trainer import Trainer
+from training.trainer.config import TrainerConfig
+from training.trainer.loop import Trainer
 
 
 class _Display:

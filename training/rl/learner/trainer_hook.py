@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import Tensor
 
-from training.losses import IGNORE_INDEX, LossFn, LossTerms, token_logprobs
+from training.components.losses import IGNORE_INDEX, LossFn, LossTerms, token_logprobs
 from training.rl.learner.batch import TurnBatch, completion_logits
 from training.rl.learner.config import GRPOConfig
 from training.rl.learner.losses import kl_per_token, mismatch_kl, policy_surrogate

@@ -25,12 +25,12 @@ import torch
 from serving.engine import engine_for_variant
 from serving.process import free_port
 from serving.spec_decode import greedy_counters
-from training.checkpoint import graft_mtp_layers
-from training.config import TrainerConfig
-from training.losses import IGNORE_INDEX
+from training.components.checkpoint import graft_mtp_layers
+from training.components.losses import IGNORE_INDEX
 from training.models.deepseek_v3.hf_io import read_hf_tensors
 from training.optim.config import MuonConfig
-from training.trainer import Trainer
+from training.trainer.config import TrainerConfig
+from training.trainer.loop import Trainer
 
 PROMPTS = [[1, 40, 300, 77, 512], [9, 123, 600, 5], [250, 31, 88, 410, 7, 61], [2, 333, 44]]
 MAX_TOKENS = 24

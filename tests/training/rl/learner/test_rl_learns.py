@@ -16,14 +16,14 @@ import torch
 def test_grpo_raises_mean_reward(process_group: None, tiny_model: Path) -> None:
     from tokenizers import Tokenizer
 
-    from training.config import TrainerConfig
     from training.optim.config import MuonConfig
     from training.rl.feedback import TextFeedbackConfig
     from training.rl.learner.batch import build_batch
     from training.rl.learner.config import GRPOConfig
     from training.rl.learner.trainer_hook import grpo_loss_hook, trainer_batch
     from training.rl.trajectory import Trajectory, Turn
-    from training.trainer import Trainer
+    from training.trainer.config import TrainerConfig
+    from training.trainer.loop import Trainer
 
     tokenizer = Tokenizer.from_file(str(tiny_model / "tokenizer.json"))
     vocab = tokenizer.get_vocab_size()

@@ -24,7 +24,6 @@ def test_loop_trains_on_fresh_groups_and_advances_the_version(
 ) -> None:
     from tokenizers import Tokenizer
 
-    from training.config import TrainerConfig
     from training.optim.config import MuonConfig
     from training.rl.feedback import load_feedback_config
     from training.rl.learner.config import GRPOConfig
@@ -35,7 +34,8 @@ def test_loop_trains_on_fresh_groups_and_advances_the_version(
     from training.rl.rollouts.weight_sync import VllmWeightSync
     from training.rl.rollouts.worker import TASK_NAME, make_celery
     from training.settings import TrainingSettings
-    from training.trainer import Trainer
+    from training.trainer.config import TrainerConfig
+    from training.trainer.loop import Trainer
 
     run = uuid.uuid4().hex[:8]
     queue, stream = f"rollouts-{run}", f"traj-{run}"

@@ -6,8 +6,7 @@ import pytest
 import torch
 from rl_toy import encode
 
-from training.config import TrainerConfig
-from training.losses import token_logprobs
+from training.components.losses import token_logprobs
 from training.models.deepseek_v3.config import ModelConfig
 from training.models.deepseek_v3.model import DeepseekV3Model
 from training.optim.config import MuonConfig
@@ -17,7 +16,8 @@ from training.rl.learner.config import GRPOConfig
 from training.rl.learner.grpo_reference import rl_loss
 from training.rl.learner.trainer_hook import grpo_loss_hook, trainer_batch
 from training.rl.trajectory import Trajectory, Turn
-from training.trainer import Trainer
+from training.trainer.config import TrainerConfig
+from training.trainer.loop import Trainer
 
 SMALL = ModelConfig(
     vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,

@@ -1,7 +1,7 @@
 """Sharded save/resume with torch.distributed.checkpoint, and HF export for serving.
 
 A DCP checkpoint holds the model (incl. the routing biases), the optimizer state and the
-step. Data needs no state (training.data derives each step's batch from the step), so a
+step. Data needs no state (training.components.data derives each step's batch from the step), so a
 resumed run takes exactly the path an uninterrupted one would.
 """
 

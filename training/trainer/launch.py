@@ -1,4 +1,4 @@
-"""Per-rank entry point under torchrun: ``python -m training.launch CONFIG.json``."""
+"""Per-rank entry point under torchrun: ``python -m training.trainer.launch CONFIG.json``."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from training.config import TrainerConfig
-from training.trainer import Trainer
+from training.trainer.config import TrainerConfig
+from training.trainer.loop import Trainer
 
 
 def main(config_path: str) -> None:

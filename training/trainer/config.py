@@ -15,7 +15,7 @@ from typing import Any
 from training.distributed.config import ParallelConfig
 from training.models.deepseek_v3.config import ModelConfig
 from training.optim.config import MuonConfig, NewtonSchulzConfig
-from training.options import option
+from training.trainer.options import option
 
 
 @dataclass

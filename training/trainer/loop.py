@@ -1,8 +1,8 @@
 """The training loop: sharded model, Muon, loss hook, clipping, checkpoints, metrics.
 
 One ``Trainer`` per rank (under torchrun). Each step every rank builds the same global
-batch (training.data), keeps its own samples (data-parallel rank) and sequence chunk
-(context-parallel rank), runs the loss hook (training.losses) and backpropagates its
+batch (training.components.data), keeps its own samples (data-parallel rank) and sequence chunk
+(context-parallel rank), runs the loss hook (training.components.losses) and backpropagates its
 share of the global token mean; reductions sum (``parallelize``), so gradients equal a
 single process's on the whole batch.
 """
@@ -19,24 +19,24 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from training.checkpoint import (
+from training.components.checkpoint import (
     export_hf,
     full_state,
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
 )
-from training.config import TrainerConfig
-from training.data import RandomTokens, TokenStream
+from training.components.data import RandomTokens, TokenStream
+from training.components.losses import LossFn, cross_entropy_loss, mtp_cross_entropy, mtp_inputs
+from training.components.metrics import serve_metrics, trainer_metrics
 from training.distributed.mesh import Meshes, build_meshes
-from training.losses import LossFn, cross_entropy_loss, mtp_cross_entropy, mtp_inputs
-from training.metrics import serve_metrics, trainer_metrics
 from training.models.deepseek_v3.hf_io import hf_tensors, wrapper_tensors
 from training.models.deepseek_v3.model import DeepseekV3Model
 from training.models.deepseek_v3.moe import update_routing_bias
 from training.models.deepseek_v3.parallelize import parallelize, reduce_expert_gradients
 from training.models.deepseek_v3.qk_clip import qk_clip, take_max_logits
 from training.optim.muon import build_optimizer
+from training.trainer.config import TrainerConfig
 
 
 @dataclass
@@ -65,7 +65,7 @@ def seed_everything(seed: int) -> None:
 class Trainer:
     """``Trainer(config, loss_fn).fit()`` for supervised runs; RL drives the steps itself.
 
-    RL objectives plug in as the loss hook (training.losses): every rank calls
+    RL objectives plug in as the loss hook (training.components.losses): every rank calls
     ``train_step(batch)`` with the same *global* batch, a dict of ``[batch, seq]`` tensors
     (``input_ids``, ``labels`` shifted with -100 where no loss applies, and any per-token
     fields the hook reads, e.g. ``advantages``, ``old_logprobs``, ``ref_logprobs``); the

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from training.losses import IGNORE_INDEX
+from training.components.losses import IGNORE_INDEX
 
 
 class TokenStream:
