@@ -21,10 +21,14 @@ What the code inside can reach:
   namespaces. It cannot see, signal or trace a host process, or connect anywhere.
 
 What bounds it: CPU seconds, address space, processes, file size and open files are set
-as rlimits by a launcher that runs inside before the command, and the harness enforces the
-wall time. Every process it starts is gone when ``run_isolated`` returns, normally or
-after the wall-time kill: they all live in the sandbox's PID namespace, which the kernel
-empties before that namespace's init, which bwrap waits for, finishes exiting.
+as rlimits by a launcher that runs inside before the command; the run as a whole (its
+memory, its processes, its tree's size on disk) is bounded by a cgroup v2 of its own or by
+the harness watching it (``training.rl.agent.run_bounds``); the harness enforces the wall
+time; and a seccomp filter refuses new namespaces, mounts, tracing and the kernel's riskier
+facilities (``training.rl.agent.seccomp``). Every process it starts is gone when
+``run_isolated`` returns, normally or after a kill: they all live in the sandbox's PID
+namespace, which the kernel empties before that namespace's init, which bwrap waits for,
+finishes exiting.
 
 Unprivileged workers (production) get a new user namespace too, with further ones
 disabled inside. As root (development machines, CI) the kernel would not count the
@@ -48,11 +52,20 @@ import selectors
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from training.rl.agent.run_bounds import (
+    POLL_S,
+    RunCgroup,
+    RunWatch,
+    Totals,
+    delegated_cgroup,
+    describe,
+)
 from training.rl.agent.runtime import PythonRuntime, python_runtime
+from training.rl.agent.seccomp import seccomp_fd
 
 #: Where the tree is mounted inside, and the command's working directory.
 SANDBOX_ROOT = "/repo"
@@ -89,16 +102,25 @@ class SandboxUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class RunLimits:
-    """Bounds on one sandboxed command (rlimits apply to each of its processes)."""
+    """Bounds on one sandboxed command: per process (rlimits) and for the run as a whole."""
 
     wall_time_s: float = 60.0
     cpu_time_s: int = 60
+    #: Processes at once, for the whole run.
     max_processes: int = 64
+    #: Address space of each process, and resident memory of the whole run.
     max_memory_bytes: int = 2 * 1024**3
+    max_total_memory_bytes: int = 3 * 1024**3
     max_file_bytes: int = 16 * 1024**2
+    #: The tree's size on disk (``/repo``) at any moment.
+    max_tree_bytes: int = 256 * 1024**2
     max_open_files: int = 1024
     max_tmp_bytes: int = 256 * 1024**2
     max_output_bytes: int = 1024**2
+
+    def totals(self) -> Totals:
+        return Totals(self.max_total_memory_bytes, self.max_processes, self.max_tree_bytes,
+                      tmpfs_bytes=2 * self.max_tmp_bytes)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -118,6 +140,9 @@ class Completed:
     output_dropped: int
     timed_out: bool
     report: bytes = b""
+    #: Which of the run's totals ended it ("memory: ...", "processes: ...", "disk: ..."),
+    #: or "" when none did.
+    exceeded: str = ""
 
 
 def _bwrap() -> str:
@@ -234,8 +259,9 @@ class _Sink:
         self.dropped += len(chunk) - min(room, len(chunk))
 
 
-def _drain(sinks: dict[int, _Sink], deadline: float) -> bool:
-    """Read every stream to its end; False when the deadline came first."""
+def _drain(sinks: dict[int, _Sink], deadline: float, watch: Callable[[], str]) -> str:
+    """Read every stream to its end: "" then, else why it stopped first (the wall time, or
+    the total ``watch`` found over its bound)."""
     with selectors.DefaultSelector() as selector:
         for fd in sinks:
             os.set_blocking(fd, False)
@@ -243,25 +269,34 @@ def _drain(sinks: dict[int, _Sink], deadline: float) -> bool:
         while selector.get_map():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return False
-            for key, _ in selector.select(remaining):
+                return "wall time"
+            for key, _ in selector.select(min(remaining, POLL_S)):
                 chunk = os.read(key.fd, 65536)
                 if chunk:
                     sinks[key.fd].add(chunk)
                 else:
                     selector.unregister(key.fd)
-    return True
+            exceeded = watch()
+            if exceeded:
+                return exceeded
+    return ""
 
 
-def _kill(proc: subprocess.Popen[bytes], info: bytes) -> None:
-    """Kill the sandbox's PID 1 (bwrap then exits once its namespace is empty)."""
+def _init_pid(proc: subprocess.Popen[bytes], info: bytes) -> int | None:
+    """The sandbox's PID 1 as the host numbers it, when it is still bwrap's child."""
     try:
         pid = int(json.loads(info)["child-pid"])
         with open(f"/proc/{pid}/stat", "rb") as stat:
             parent = int(stat.read().rsplit(b")", 1)[1].split()[1])
     except (ValueError, KeyError, TypeError, OSError):
-        pid = parent = 0
-    if pid and parent == proc.pid:
+        return None
+    return pid if parent == proc.pid else None
+
+
+def _kill(proc: subprocess.Popen[bytes], info: bytes) -> None:
+    """Kill the sandbox's PID 1 (bwrap then exits once its namespace is empty)."""
+    pid = _init_pid(proc, info)
+    if pid is not None:
         os.kill(pid, signal.SIGKILL)
     else:  # it never started; its monitor is all there is
         os.killpg(proc.pid, signal.SIGKILL)
@@ -288,6 +323,7 @@ def run_isolated(
     SandboxUnavailable when the sandbox cannot be built.
     """
     bwrap = _bwrap()
+    describe()
     tree = Path(tree).resolve()
     root = os.geteuid() == 0
     uid = _RUN_UIDS[0] + secrets.randbelow(_RUN_UIDS[1] - _RUN_UIDS[0]) if root else None
@@ -312,14 +348,21 @@ def run_isolated(
     # starts, and bwrap keeps the info pipe (its PID 1's pid, which a timeout kills).
     spec = {"rlimits": _rlimits(limits), "uid": uid, "status_fd": status_w,
             "mark": _START_MARK.decode()}  # fmt: skip
+    seccomp = seccomp_fd()
+    filters = ["--seccomp", str(seccomp)] if seccomp is not None else []
+    child_fds += [seccomp] if seccomp is not None else []
     command = [
         bwrap, *_bwrap_args(tree, mounts, limits, root, runtime), "--info-fd", str(info_w),
-        "--", runtime.interpreter, "-I", "-S", "-c", _LAUNCHER, json.dumps(spec), *argv,
+        *filters, "--", runtime.interpreter, "-I", "-S", "-c", _LAUNCHER, json.dumps(spec),
+        *argv,
     ]  # fmt: skip
+    parent, _ = delegated_cgroup()
+    cgroup = RunCgroup(parent, limits.totals()) if parent is not None else None
     try:
         proc = subprocess.Popen(
             command, env=full_env, cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, pass_fds=child_fds, start_new_session=True,
+            preexec_fn=cgroup.enter if cgroup is not None else None,
         )  # fmt: skip
     finally:
         for fd in child_fds:
@@ -327,9 +370,16 @@ def run_isolated(
     assert proc.stdout is not None
     output = sinks[proc.stdout.fileno()] = _Sink(limits.max_output_bytes)
     deadline = time.monotonic() + limits.wall_time_s
+    watch = RunWatch(limits.totals(), tree, cgroup)
+
+    def watched() -> str:
+        if watch.init_pid is None and sinks[info_r].data.rstrip().endswith(b"}"):
+            watch.init_pid = _init_pid(proc, bytes(sinks[info_r].data))
+        return watch()
+
     try:
-        finished = _drain(sinks, deadline)
-        if not finished:
+        stopped = _drain(sinks, deadline, watched)
+        if stopped:
             _kill(proc, bytes(sinks[info_r].data))
         proc.wait()
     finally:
@@ -337,12 +387,15 @@ def run_isolated(
         for fd in (status_r, info_r, report_r):
             if fd >= 0:
                 os.close(fd)
+        if cgroup is not None:
+            cgroup.close()
     if bytes(sinks[status_r].data) != _START_MARK:
         raise SandboxUnavailable(_why(bytes(output.data), proc.returncode))
     return Completed(
         returncode=proc.returncode,
         output=bytes(output.data),
         output_dropped=output.dropped,
-        timed_out=not finished,
+        timed_out=stopped == "wall time",
         report=bytes(sinks[report_r].data) if report_r >= 0 else b"",
+        exceeded="" if stopped in ("", "wall time") else stopped,
     )
