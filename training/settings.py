@@ -48,6 +48,10 @@ class TrainingSettings(CstackSettings):
     #: its workers so rollouts and trainer read the same file.
     rl_feedback_config: Path = DEFAULT_FEEDBACK_FILE
     rl_metrics_port: int | None = None
+    #: A cgroup v2 directory delegated to this worker (memory and pids enabled for its
+    #: children): each sandboxed run gets a cgroup of its own under it. Unset: the harness
+    #: bounds a run's totals by watching them (training/rl/agent/run_bounds.py).
+    sandbox_cgroup: Path | None = None
     #: The reviewer of suspicious coding episodes (flagged, or earning within
     #: ``rl_review_fast_turns`` turns): any OpenAI-compatible API and model. Empty URL and
     #: key: the policy's own (the tiny model locally; point it at a strong model in

@@ -53,10 +53,12 @@ class Totals:
 
 def delegated_cgroup() -> tuple[Path | None, str]:
     """The delegated cgroup v2 to put runs in, or None and why there is none."""
-    named = os.environ.get(_CGROUP_ENV, "")
-    if not named:
+    from training.settings import TrainingSettings
+
+    parent = TrainingSettings().sandbox_cgroup
+    if parent is None:
         return None, f"{_CGROUP_ENV} is unset"
-    parent = Path(named)
+    named = str(parent)
     try:
         controllers = (parent / "cgroup.subtree_control").read_text().split()
     except OSError as err:
