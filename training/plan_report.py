@@ -98,10 +98,6 @@ def _figures(result: Plan) -> list[str]:
     lines = [f"Figures for {device.name} (measured or assumed):"]
     for name, basis in device.basis.items():
         lines.append(f"  {name}: {' '.join(basis.split())}")
-    if device.newton_schulz_shapes:
-        count = len(device.newton_schulz_shapes)
-        lines.append(f"  newton_schulz_shapes: {count} rates measured per shape, precision and "
-                     "method, used where the model has the shape")  # fmt: skip
     step = device.sharded_step
     if step:
         lines.append(

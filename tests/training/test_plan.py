@@ -3,10 +3,17 @@ sharded model, and one-line errors."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 import typer
+import yaml
 from spawn import run_ranks
 from typer.testing import CliRunner
 
@@ -16,10 +23,12 @@ from training.distributed.mesh import build_meshes
 from training.models.deepseek_v3.config import ModelConfig
 from training.models.deepseek_v3.model import DeepseekV3Model
 from training.models.deepseek_v3.parallelize import parallelize
-from training.optim.config import MuonConfig
+from training.optim.config import MuonConfig, NewtonSchulzConfig
 from training.optim.muon import build_optimizer, matrix_layouts
+from training.optim.newton_schulz import uses_gram
 from training.optim.sharded_muon import ShardedOrthogonalizer
 from training.plan import (
+    CALIBRATION_FILE,
     Layout,
     PlanConfig,
     load_device,
@@ -27,6 +36,7 @@ from training.plan import (
     local_numel,
     model_params,
     plan,
+    shape_key,
 )
 from training.plan_muon import muon_step
 
@@ -191,3 +201,46 @@ def test_a_config_file_is_a_model(tmp_path: pytest.TempPathFactory) -> None:
     assert result.exit_code == 0, result.output
     assert "dense group / EP / CP" in result.output
     assert "2 / 2 / 1" in result.output  # EP: the widest dividing 8 GPUs and 6 experts
+
+
+def test_the_device_run_writes_the_calibration_the_plan_uses(tmp_path: Path) -> None:
+    """bench/muon.py --part calibrate in its reduced mode on CPU: one command measures and
+    writes a device's figures, keeps the others, and cstack plan reads them as measured."""
+    out = tmp_path / "calibration.yaml"
+    shutil.copy(CALIBRATION_FILE, out)
+    root = Path(__file__).resolve().parents[2]
+    command = [sys.executable, "bench/muon.py", "--part", "calibrate", "--reduced",
+               "--repeats", "1", "--device-name", "dev", "--out", str(out)]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    written = yaml.safe_load(out.read_text())["devices"]
+    shipped = yaml.safe_load(CALIBRATION_FILE.read_text())["devices"]
+    assert {k: v for k, v in written.items() if k != "dev"} == shipped
+    dev = written["dev"]
+    for figure in ("newton_schulz_flops", "memory_bandwidth", "intra_node_bandwidth"):
+        assert dev["basis"][figure].startswith("measured "), figure
+        assert "bench/muon.py --part calibrate" in dev["basis"][figure]
+    assert dev["basis"]["inter_node_bandwidth"].startswith("assumed")
+    # A rate for every Muon matrix shape of the bench's small model, in each precision, for
+    # the standard iteration and, where it is cheaper, Gram's.
+    bench_model = ModelConfig(
+        vocab_size=1024, hidden_size=128, intermediate_size=384, moe_intermediate_size=64,
+        num_hidden_layers=4, first_k_dense_replace=1, num_attention_heads=4, q_lora_rank=96,
+        kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
+        n_routed_experts=16, num_experts_per_tok=2,
+    )  # fmt: skip
+    shapes = {p.matrix for p in model_params(bench_model) if p.muon}
+    for rows, cols in shapes:
+        for dtype in ("float32", "bfloat16", "float16"):
+            assert dev["newton_schulz_shapes"][shape_key(rows, cols, dtype, False)] > 0
+            gram = uses_gram(rows, cols, NewtonSchulzConfig(method="gram"))
+            assert (shape_key(rows, cols, dtype, True) in dev["newton_schulz_shapes"]) == gram
+    assert dev["sharded_step"]["measured_s"] > 0 and dev["sharded_step"]["predicted_s"] > 0
+
+    result = _cli("--model", "kimi-k2", "--gpus", "8", "--dp-shard", "2", "--gpu", "dev",
+                  "--calibration", str(out))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "Figures for dev (measured or assumed):" in result.output
+    assert "  memory_bandwidth: measured " in result.output
+    assert "check: a sharded Muon step measured" in result.output
