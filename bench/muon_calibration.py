@@ -20,6 +20,7 @@ would take minutes each to time); with ``--repeats 1`` the tests run it in secon
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import shlex
 import sys
@@ -194,9 +195,22 @@ def sharded_step(model: ModelConfig, world: int, dense_group: int, device: Devic
         if not p.muon:
             adamw += [local_numel(p, layout, rank) for rank in range(world)]
     predicted = float(muon_step(params, layout, device, MuonConfig(), adamw).overlapped.max())
-    what = (f"{sum(p.numel for p in params) / 1e6:.1f}M-parameter model on {world} ranks, "
+    what = (f"{sum(p.numel for p in params) / 1e6:.1f}M-parameter model on {world} rank(s), "
             f"dense group {dense_group}, EP {world}, the trainer's defaults")  # fmt: skip
     return {"measured_s": measured, "predicted_s": predicted, "what": what}
+
+
+def step_model(args: Any, bench_model: ModelConfig, world: int) -> ModelConfig:
+    """The model whose sharded step is measured: the bench's small one on CPU (or reduced),
+    else ``--model``'s layer shapes in two layers (the first dense), with 8 experts per rank
+    and a small vocabulary, so it fits one GPU per rank and its matrices are the real ones."""
+    if args.reduced or not torch.cuda.is_available():
+        return bench_model
+    return dataclasses.replace(
+        load_model_config(args.model), num_hidden_layers=2, first_k_dense_replace=1,
+        n_routed_experts=8 * world, n_group=1, topk_group=1, vocab_size=1024,
+        num_nextn_predict_layers=0,
+    )  # fmt: skip
 
 
 def calibrate(args: Any, bench_model: ModelConfig) -> None:
@@ -206,47 +220,61 @@ def calibrate(args: Any, bench_model: ModelConfig) -> None:
     repeats = args.repeats
     name = torch.cuda.get_device_name() if on_gpu else "this CPU"
     command = " ".join(shlex.quote(a) for a in ["python", *sys.argv])
-    when = datetime.date.today().isoformat()
-    measured = f"measured {when} on {name}: {command}"
+    measured = f"measured {datetime.date.today().isoformat()} on {name}: {command}"
     generic, shapes, lines = newton_schulz_rates(model, 1 << (27 if on_gpu else 20), repeats)
     bandwidth = memory_bandwidth(1 << (28 if on_gpu else 24), repeats)
-    world = gpus if gpus >= 2 else 2
-    link = link_bandwidth(world, 1 << (26 if on_gpu else 23), repeats)
     out = Path(args.out)
     text = out.read_text() if out.exists() else CALIBRATION_FILE.read_text()
     header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("#"))
     devices = (yaml.safe_load(text) or {}).get("devices", {})
     before = devices.get(args.device_name, {})
-    basis = {
-        "newton_schulz_flops": measured,
-        "newton_schulz_shapes": f"{measured} ({len(shapes)} rates)",
-        "memory_bandwidth": measured,
-        "intra_node_bandwidth": f"{measured} ({'NCCL' if gpus >= 2 else 'gloo'}, {world} ranks)",
-    }
+    kept = before.get("basis", {})
     entry: dict[str, Any] = {
         "newton_schulz_flops": generic,
         "newton_schulz_shapes": shapes,
         "memory_bandwidth": bandwidth,
-        "intra_node_bandwidth": link,
-        "inter_node_bandwidth": before.get("inter_node_bandwidth", link),
-        "memory_bytes": float(torch.cuda.get_device_properties(0).total_memory)
-        if on_gpu else before.get("memory_bytes", 1.6e10),
-        "gpus_per_node": gpus if on_gpu else before.get("gpus_per_node", 2),
-    }  # fmt: skip
-    basis["inter_node_bandwidth"] = before.get("basis", {}).get(
+    }
+    basis = {
+        "newton_schulz_flops": measured,
+        "newton_schulz_shapes": f"{measured} ({len(shapes)} rates)",
+        "memory_bandwidth": measured,
+    }
+    # Between ranks: NCCL across this machine's GPUs, two gloo processes on CPU; one GPU
+    # alone has no peer, and keeps the file's figure.
+    world = gpus if on_gpu else 2
+    if world >= 2:
+        entry["intra_node_bandwidth"] = link_bandwidth(world, 1 << (26 if on_gpu else 23), repeats)
+        basis["intra_node_bandwidth"] = (
+            f"{measured} ({'NCCL' if on_gpu else 'gloo'}, {world} ranks)"
+        )
+    else:
+        entry["intra_node_bandwidth"] = before["intra_node_bandwidth"]
+        basis["intra_node_bandwidth"] = kept.get("intra_node_bandwidth", "assumed")
+    entry["inter_node_bandwidth"] = before.get(
+        "inter_node_bandwidth", entry["intra_node_bandwidth"]
+    )
+    basis["inter_node_bandwidth"] = kept.get(
         "inter_node_bandwidth", "assumed: equal to intra_node_bandwidth (one machine)"
     )
-    basis["memory_bytes"] = measured if on_gpu else before.get("basis", {}).get(
-        "memory_bytes", "assumed"
-    )  # fmt: skip
+    if on_gpu:
+        entry["memory_bytes"] = float(torch.cuda.get_device_properties(0).total_memory)
+        entry["gpus_per_node"] = gpus
+        basis["memory_bytes"] = measured
+    else:
+        entry["memory_bytes"] = before.get("memory_bytes", 1.6e10)
+        entry["gpus_per_node"] = before.get("gpus_per_node", 2)
+        basis["memory_bytes"] = kept.get("memory_bytes", "assumed")
     entry["basis"] = basis
     device = Device(name=args.device_name, **entry)
     dense_group = 2 if world % 2 == 0 else 1
-    entry["sharded_step"] = sharded_step(bench_model, world, dense_group, device, repeats)
+    entry["sharded_step"] = sharded_step(
+        step_model(args, bench_model, world), world, dense_group, device, repeats
+    )
     devices[args.device_name] = _rounded(entry)
     out.write_text(header + yaml.safe_dump({"devices": devices}, sort_keys=False, width=100))
     print(f"calibration of {args.device_name} ({name}) written to {out}:")
     print("\n".join(lines))
+    link = entry["intra_node_bandwidth"]
     print(f"  memory {bandwidth / 1e9:.3g} GB/s, all-to-all {link / 1e9:.3g} GB/s per rank")
     step = entry["sharded_step"]
     print(f"  sharded step {step['measured_s'] * 1e3:.1f} ms measured, "

@@ -8,16 +8,15 @@ the matrix (rows ``[start, end)``, row-major) and in the shard (``MatrixLayout.p
 orders a shard matrix by matrix), so every transfer is one slice.
 
 Owners. With ``owners="job"`` every matrix is orthogonalised once in the job: its owner is
-any rank, it gathers the pieces from its own replica (for the dense mesh that is its own
-node) and returns the result to every rank of every replica that holds a piece. With
+any rank; it gathers the pieces from its own replica (for the dense mesh, its own node),
+returns each result piece to its shard in that replica, and from there each piece goes on
+to the same shard of every other replica (``GroupPlan``'s three rounds). With
 ``"shard_group"`` each replica orthogonalises its own copy on its own ranks (the layout
-before every rank was kept busy: replicas repeat each other's work). Either way a matrix
-goes to a rank that holds all of it while that rank stays under its fair share (the
-job's Newton-Schulz FLOPs over the world size), else to the least-loaded rank, preferring
-one that holds more of it and then a nearby (same-node) rank. Matrices are placed largest
-first, so no rank ends more than one matrix above the fair share. Everything is a pure
-function of the shapes and placements, so every rank computes the same plan, and
-``cstack plan`` (training.plan) calls the same code for a 1T model without any tensors.
+before every rank was kept busy: replicas repeat each other's work). ``_assign_owners``
+says how owners are chosen: Newton-Schulz FLOPs balanced to within two matrices of the
+job's mean, and the bytes each rank passes on balanced too. Everything is a pure function
+of the shapes and placements, so every rank computes the same plan, and ``cstack plan``
+(training.plan_muon) calls the same code for a 1T model without any tensors.
 """
 
 from __future__ import annotations
