@@ -138,14 +138,26 @@ def load_device(config: PlanConfig) -> Device:
     path = config.calibration or CALIBRATION_FILE
     try:
         devices = yaml.safe_load(path.read_text())["devices"]
+        names = sorted(devices)
     except (OSError, yaml.YAMLError, KeyError, TypeError) as exc:
         raise PlanError(f"--calibration {path}: not a calibration file ({exc})") from exc
     if config.gpu not in devices:
-        raise PlanError(f"--gpu {config.gpu}: not in {path.name} ({', '.join(sorted(devices))})")
-    try:
-        device = Device(name=config.gpu, **devices[config.gpu])
-    except TypeError as exc:
-        raise PlanError(f"--calibration {path}: device {config.gpu}: {exc}") from exc
+        raise PlanError(f"--gpu {config.gpu}: not in {path.name} ({', '.join(names)})")
+    figures = devices[config.gpu]
+    if not isinstance(figures, dict):
+        raise PlanError(f"--calibration {path}: device {config.gpu}: not a mapping of figures")
+    fields = {f.name: f for f in dataclasses.fields(Device) if f.name != "name"}
+    required = [n for n, f in fields.items() if f.default is dataclasses.MISSING]
+    wrong = [n for n in required if n not in figures] or [n for n in figures if n not in fields]
+    if wrong:
+        problem = "missing" if wrong[0] not in figures else "unknown figure"
+        raise PlanError(f"--calibration {path}: device {config.gpu}: {problem} {wrong[0]}")
+    device = Device(name=config.gpu, **figures)
+    missing = [d for d in ("float32", "bfloat16", "float16") if d not in device.newton_schulz_flops]
+    if missing:
+        raise PlanError(
+            f"--calibration {path}: device {config.gpu}: no newton_schulz_flops for {missing[0]}"
+        )
     basis = dict(device.basis)
     intra, inter = device.intra_node_bandwidth, device.inter_node_bandwidth
     if config.intra_node_gbps > 0:

@@ -194,6 +194,19 @@ def test_bad_input_is_one_line(args: list[str], message: str) -> None:
     assert result.output.strip() == f"error: {message}"
 
 
+def test_a_calibration_file_without_a_figure_is_one_line(tmp_path: Path) -> None:
+    devices = yaml.safe_load(CALIBRATION_FILE.read_text())["devices"]
+    del devices["h200"]["newton_schulz_flops"]["float16"]
+    del devices["h100"]["basis"]
+    path = tmp_path / "calibration.yaml"
+    path.write_text(yaml.safe_dump({"devices": devices}))
+    for gpu, message in (("h200", "no newton_schulz_flops for float16"),
+                         ("h100", "missing basis")):  # fmt: skip
+        result = _cli("--gpu", gpu, "--calibration", str(path))
+        assert result.exit_code == 2
+        assert result.output.strip() == f"error: --calibration {path}: device {gpu}: {message}"
+
+
 def test_a_config_file_is_a_model(tmp_path: pytest.TempPathFactory) -> None:
     path = tmp_path / "config.json"  # type: ignore[operator]
     path.write_text('{"hidden_size": 64, "n_routed_experts": 6}')
