@@ -271,7 +271,9 @@ def calibrate(args: Any, bench_model: ModelConfig) -> None:
         step_model(args, bench_model, world), world, dense_group, device, repeats
     )
     devices[args.device_name] = _rounded(entry)
-    out.write_text(header + yaml.safe_dump({"devices": devices}, sort_keys=False, width=100))
+    out.write_text(
+        header + yaml.dump({"devices": devices}, Dumper=_Dumper, sort_keys=False, width=100)
+    )
     print(f"calibration of {args.device_name} ({name}) written to {out}:")
     print("\n".join(lines))
     link = entry["intra_node_bandwidth"]
@@ -279,6 +281,16 @@ def calibrate(args: Any, bench_model: ModelConfig) -> None:
     step = entry["sharded_step"]
     print(f"  sharded step {step['measured_s'] * 1e3:.1f} ms measured, "
           f"{step['predicted_s'] * 1e3:.1f} ms predicted ({step['what']})")  # fmt: skip
+
+
+class _Dumper(yaml.SafeDumper):
+    """Figures as 5.656e+10, not 56560000000.0 (the mantissa keeps its dot, so YAML still
+    reads them as floats)."""
+
+
+_Dumper.add_representer(
+    float, lambda dumper, value: dumper.represent_scalar("tag:yaml.org,2002:float", f"{value:.3e}")
+)
 
 
 def _rounded(value: Any) -> Any:

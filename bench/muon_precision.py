@@ -94,7 +94,7 @@ def _report(curves: dict[str, dict[int, list[float]]], checkpoints: list[int],
         print(f"{name:<26}" + "".join(f"{c:>18}" for c in cells))
     base = curves["float32 standard"]
     print("\ndifference from float32 standard, seed by seed (mean, and min..max over seeds)")
-    print(f"{'variant':<26}" + "".join(f"{f'step {s}':>24}" for s in checkpoints[1:]))
+    print(f"{'variant':<26}" + "".join(f"{f'step {s}':>26}" for s in checkpoints[1:]))
     for name, curve in curves.items():
         if name == "float32 standard":
             continue
@@ -102,7 +102,7 @@ def _report(curves: dict[str, dict[int, list[float]]], checkpoints: list[int],
         for step in checkpoints:
             diffs = [a - b for a, b in zip(curve[step], base[step], strict=True)]
             cells.append(f"{statistics.mean(diffs):+.4f} ({min(diffs):+.3f}..{max(diffs):+.3f})")
-        print(f"{name:<26}" + "".join(f"{c:>24}" for c in cells[1:]))
+        print(f"{name:<26}" + "".join(f"{c:>26}" for c in cells[1:]))
 
 
 def main() -> None:
