@@ -109,7 +109,8 @@ class MuonConfig:
     adamw_betas: tuple[float, float] = (0.9, 0.95)
     adamw_eps: float = 1e-8
     adamw_weight_decay: float = 0.0
-    # Sharded Muon: how many same-shape groups may have transfers in flight at once.
+    # Sharded Muon: how many groups may wait at each stage of their exchange (gathered,
+    # returned, passed on) while others compute; 0: every exchange waits at once.
     max_in_flight: int = 2
     # job: each sharded matrix is orthogonalised once in the job, by the least-loaded rank
     # of all ranks (every rank busy; results travel to every replica). shard_group: each
