@@ -108,7 +108,7 @@ def _check_layouts(rank: int, world: int, layouts: list[tuple[int, int]]) -> Non
 
 def _check_balance(opt: Muon, world: int, dense_shards: int, ep: int) -> None:
     """Job-wide owners: each matrix orthogonalised once in the job, and no rank more than
-    one matrix above total / world. Shard-group owners: once per replica."""
+    two matrices above total / world (shard_plan's bound). Shard-group owners: once per replica."""
     mine = torch.tensor([opt.exchange_stats.newton_schulz_flops], dtype=torch.float64)
     every = [torch.zeros_like(mine) for _ in range(world)]
     dist.all_gather(every, mine)
@@ -122,7 +122,7 @@ def _check_balance(opt: Muon, world: int, dense_shards: int, ep: int) -> None:
         largest = max(largest, cost)
     assert work.sum().item() == total
     if job:
-        assert work.max().item() <= total / world + largest, work.tolist()
+        assert work.max().item() <= total / world + 2 * largest, work.tolist()
 
 
 def _worker_2(rank: int, world: int) -> None:
