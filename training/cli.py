@@ -1,5 +1,5 @@
 """`cstack train`: validate the configuration here, then start torchrun workers; and
-`cstack plan`: what a layout costs per GPU before it runs (training.plan).
+`cstack plan`: what a layout costs per GPU before it runs (training.plan.plan).
 
 Everything that can be checked without processes (world size vs. mesh factors, experts
 vs. EP, sequence vs. CP, files) is checked in this process, so a bad configuration fails
@@ -20,8 +20,8 @@ from typing import Any, NoReturn
 
 import typer
 
-from training.plan import PlanConfig, PlanError
-from training.plan_report import report
+from training.plan.plan import PlanConfig, PlanError
+from training.plan.report import report
 from training.settings import TrainingSettings
 from training.trainer.config import TrainerConfig
 from training.trainer.options import build_config, check_choices, cli_options, option, typer_command
@@ -126,6 +126,6 @@ plan = typer_command(
     """Predict memory, Newton-Schulz work, all-to-all bytes and the Muon step per GPU.
 
     For a preset (deepseek-v3, kimi-k2) or an HF config on a cluster, for the trainer's
-    dual mesh and for a single shared mesh; throughputs from training/plan_calibration.yaml.
+    dual mesh and for a single shared mesh; throughputs from training/plan/calibration.yaml.
     """,
 )

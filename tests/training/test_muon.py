@@ -10,7 +10,8 @@ from training.models.deepseek_v3.config import ModelConfig
 from training.models.deepseek_v3.model import DeepseekV3Model
 from training.optim.config import MuonConfig, NewtonSchulzConfig
 from training.optim.matrix_layout import Split
-from training.optim.muon import build_optimizer, matrix_layouts, update_scale
+from training.optim.muon import build_optimizer, matrix_layouts
+from training.optim.muon_reference import MuonReference
 from training.optim.newton_schulz import orthogonalize
 
 SMALL = ModelConfig(
@@ -32,23 +33,26 @@ def _spectrum_batch(shape: tuple[int, int], condition: float) -> torch.Tensor:
     return 3.0 * u @ torch.diag_embed(s) @ v.mT
 
 
+@pytest.mark.parametrize("precision", [("float32", "standard"), ("float16", "gram")])
 @pytest.mark.parametrize("shape", [(32, 32), (16, 64), (64, 16)])
 @pytest.mark.parametrize(
     ("schedule", "low", "high"), [("quintic", 0.68, 1.21), ("polar_express", 0.85, 1.13)]
 )
 def test_newton_schulz_singular_values_in_band(
-    shape: tuple[int, int], schedule: str, low: float, high: float
+    shape: tuple[int, int], schedule: str, low: float, high: float, precision: tuple[str, str]
 ) -> None:
-    """Inputs with condition number 100 (after normalisation) land in the schedule's band."""
-    out = orthogonalize(_spectrum_batch(shape, 100.0), NewtonSchulzConfig(schedule))
-    sv = torch.linalg.svdvals(out)
+    """Inputs with condition number 100 (after normalisation) land in the schedule's band,
+    in float32 and with the defaults (float16 Gram Newton-Schulz)."""
+    dtype, method = precision
+    config = NewtonSchulzConfig(schedule, dtype=dtype, method=method)  # type: ignore[arg-type]
+    sv = torch.linalg.svdvals(orthogonalize(_spectrum_batch(shape, 100.0), config).float())
     assert sv.min() >= low and sv.max() <= high, (sv.min().item(), sv.max().item())
 
 
 def test_polar_express_is_closer_to_orthogonal_than_quintic() -> None:
     x = _spectrum_batch((32, 64), 1000.0)
     error = {
-        s: (torch.linalg.svdvals(orthogonalize(x, NewtonSchulzConfig(s))) - 1).abs().mean()
+        s: (torch.linalg.svdvals(orthogonalize(x, NewtonSchulzConfig(s)).float()) - 1).abs().mean()
         for s in ("quintic", "polar_express")
     }
     assert error["polar_express"] < error["quintic"]
@@ -70,50 +74,52 @@ def test_layouts_follow_heads_and_experts() -> None:
     assert not adamw_names & {n for n, p in model.named_parameters() if p in layouts}
 
 
-def _matrix_slices(name: str, weight: torch.Tensor, heads: int) -> list[tuple[slice, ...]]:
-    if name.endswith(("q_b_proj.weight", "kv_b_proj.weight")):
-        rows = weight.shape[0] // heads
-        return [(slice(h * rows, (h + 1) * rows), slice(None)) for h in range(heads)]
-    if name.endswith("o_proj.weight"):
-        cols = weight.shape[1] // heads
-        return [(slice(None), slice(h * cols, (h + 1) * cols)) for h in range(heads)]
-    if weight.dim() == 3:
-        return [(e,) for e in range(weight.shape[0])]  # type: ignore[misc]
-    return [(slice(None), slice(None))]
-
-
-@pytest.mark.parametrize("scale_rule", ["spectral", "match_adamw"])
-def test_muon_equals_loop_over_individual_matrices(
-    scale_rule: str, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("scale_rule", "ns", "tolerance"),
+    [
+        ("spectral", NewtonSchulzConfig(dtype="float32", method="standard"), 1e-5),
+        ("match_adamw", NewtonSchulzConfig(dtype="float32", method="gram"), 1e-5),
+        # float16 keeps 11 bits: its update is 2-3% off float32's (test_newton_schulz.py).
+        ("spectral", NewtonSchulzConfig(), 0.1),
+    ],
+)
+def test_muon_equals_the_per_matrix_reference(
+    scale_rule: str, ns: NewtonSchulzConfig, tolerance: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = MuonConfig(lr=0.1, momentum=0.9, weight_decay=0.01, scale_rule=scale_rule)  # type: ignore[arg-type]
-    model = DeepseekV3Model(SMALL)
+    config = MuonConfig(
+        lr=0.1,
+        momentum=0.9,
+        weight_decay=0.01,
+        scale_rule=scale_rule,
+        newton_schulz=ns,  # type: ignore[arg-type]
+    )
+    model, twin = DeepseekV3Model(SMALL), DeepseekV3Model(SMALL)
     model.init_weights(0)
+    twin.load_state_dict(model.state_dict())
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    gen = torch.Generator().manual_seed(1)
-    grads = {n: torch.randn(p.shape, generator=gen) for n, p in model.named_parameters()}
-    for n, p in model.named_parameters():
-        p.grad = grads[n].clone()
     layouts, _ = matrix_layouts(model)
+    twin_layouts, _ = matrix_layouts(twin)
+    reference = MuonReference(list(twin_layouts), list(twin_layouts.values()), config)
 
     calls: list[tuple[int, ...]] = []
     real = muon_module.orthogonalize
     monkeypatch.setattr(
         muon_module, "orthogonalize", lambda x, c: calls.append(tuple(x.shape)) or real(x, c)
     )
-    build_optimizer(model, config).step()
+    optimizer = build_optimizer(model, config)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(2):
+        for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+            p.grad = torch.randn(p.shape, generator=gen)
+            q.grad = p.grad.clone()
+        optimizer.step()
+        reference.step()
 
     shapes = {layouts[p].matrix_shape(tuple(p.shape)) for p in layouts}
-    assert len(calls) == len(shapes), "one batched Newton-Schulz call per matrix shape"
-    for name, param in model.named_parameters():
+    assert len(calls) == 2 * len(shapes), "one batched Newton-Schulz call per matrix shape"
+    for (name, param), expected in zip(model.named_parameters(), twin.parameters(), strict=True):
         if param not in layouts:
             continue
-        # First step from zero momentum: the Nesterov update is g*(1-m) + m*(1-m)*g.
-        update = grads[name] * (1 - config.momentum) * (1 + config.momentum)
-        expected = before[name] * (1 - config.lr * config.weight_decay)
-        for index in _matrix_slices(name, before[name], SMALL.num_attention_heads):
-            block = update[index]
-            ortho = real(block.unsqueeze(0), config.newton_schulz)[0]
-            scale = update_scale(block.shape[0], block.shape[1], config.scale_rule)
-            expected[index] -= config.lr * scale * ortho
-        torch.testing.assert_close(param.detach(), expected, rtol=0, atol=1e-6, msg=name)
+        moved = (expected - before[name]).abs().max().item()
+        diff = (param - expected).abs().max().item()
+        assert diff <= tolerance * moved, (name, diff, moved)

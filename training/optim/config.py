@@ -27,9 +27,17 @@ POLAR_EXPRESS: tuple[Coefficients, ...] = (
 )
 
 
+NewtonSchulzDtype = Literal["float32", "bfloat16", "float16"]
+NewtonSchulzMethod = Literal["standard", "gram"]
+
+
 @dataclass(frozen=True)
 class NewtonSchulzConfig:
-    """``schedule``: "quintic", "polar_express", or explicit per-step coefficients."""
+    """``schedule``: "quintic", "polar_express", or explicit per-step coefficients.
+
+    The defaults (Gram Newton-Schulz in float16) and the evidence for them are in
+    training.optim.newton_schulz's docstring.
+    """
 
     schedule: str | tuple[Coefficients, ...] = field(
         default="quintic",
@@ -41,6 +49,21 @@ class NewtonSchulzConfig:
     )
     steps: int = 5
     eps: float = 1e-7
+    dtype: NewtonSchulzDtype = field(
+        default="float16",
+        metadata={"help": "Newton-Schulz working precision.", "flag": "ns_dtype"},
+    )
+    method: NewtonSchulzMethod = field(
+        default="gram",
+        metadata={
+            "help": "Newton-Schulz on the matrix (standard) or on its Gram matrix (gram; "
+            "square matrices fall back to standard).",
+            "flag": "ns_method",
+        },
+    )
+    # Gram Newton-Schulz starts afresh from the matrix before these steps (0-based): in half
+    # precision the Gram matrix drifts from the iterate's (see newton_schulz.py).
+    gram_restarts: tuple[int, ...] = (2,)
 
     def coefficients(self) -> list[Coefficients]:
         if isinstance(self.schedule, tuple):
@@ -63,6 +86,7 @@ class NewtonSchulzConfig:
 
 
 ScaleRule = Literal["spectral", "match_adamw"]
+Owners = Literal["job", "shard_group"]
 
 
 @dataclass
@@ -85,8 +109,16 @@ class MuonConfig:
     adamw_betas: tuple[float, float] = (0.9, 0.95)
     adamw_eps: float = 1e-8
     adamw_weight_decay: float = 0.0
-    # Sharded Muon: how many same-shape groups may have transfers in flight at once.
+    # Sharded Muon: how many groups may wait at each stage of their exchange (gathered,
+    # returned, passed on) while others compute; 0: every exchange waits at once.
     max_in_flight: int = 2
+    # job: each sharded matrix is orthogonalised once in the job, by the least-loaded rank
+    # of all ranks (every rank busy; results travel to every replica). shard_group: each
+    # replica of the dense weights orthogonalises its own copy inside its shard group.
+    owners: Owners = field(
+        default="job",
+        metadata={"help": "Which ranks orthogonalise sharded matrices.", "flag": "muon_owners"},
+    )
     # MuonClip's tau (Kimi K2): after each step, heads whose largest attention logit
     # exceeded it get their q/k weights scaled down to bring it to tau. On by default at
     # Kimi's 100 because the base model was trained under it and Muon is what lets logits

@@ -47,18 +47,19 @@ class MatrixLayout:
         if self.split is Split.COL_BLOCKS and shape[1] % self.blocks:
             raise ValueError(f"{name}: {shape[1]} columns not divisible into {self.blocks} heads")
 
-    def to_matrices(self, tensor: Tensor) -> Tensor:
-        """A [count, m, n] view (or copy, for column blocks) of the full ``tensor``."""
-        m, n = self.matrix_shape(tuple(tensor.shape))
+    def pieces_view(self, tensor: Tensor) -> Tensor:
+        """A view of a whole tensor, or of a dim-0 shard of one, whose row-major order is
+        matrix by matrix: each matrix's rows held here, contiguous. Only column blocks need a
+        transposed view ([rows, B*n] -> [B, rows, n]); every other layout is already so."""
         if self.split is Split.COL_BLOCKS:
-            return tensor.reshape(m, self.blocks, n).transpose(0, 1)
-        return tensor.reshape(-1, m, n)
+            rows, cols = tensor.shape
+            return tensor.view(rows, self.blocks, cols // self.blocks).transpose(0, 1)
+        return tensor
 
-    def from_matrices(self, matrices: Tensor, shape: tuple[int, ...]) -> Tensor:
-        """Inverse of :meth:`to_matrices`."""
-        if self.split is Split.COL_BLOCKS:
-            return matrices.transpose(0, 1).reshape(shape)
-        return matrices.reshape(shape)
+    def to_matrices(self, tensor: Tensor) -> Tensor:
+        """The [count, m, n] matrices of the full ``tensor`` (a copy for column blocks)."""
+        m, n = self.matrix_shape(tuple(tensor.shape))
+        return self.pieces_view(tensor).reshape(-1, m, n)
 
 
 WHOLE = MatrixLayout(Split.WHOLE)

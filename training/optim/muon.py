@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from training.optim.config import MuonConfig, NewtonSchulzConfig, ScaleRule
 from training.optim.matrix_layout import WHOLE, MatrixLayout, Split
 from training.optim.newton_schulz import orthogonalize
-from training.optim.sharded_muon import ShardedOrthogonalizer
+from training.optim.sharded_muon import ExchangeStats, ShardedOrthogonalizer
 
 
 def update_scale(rows: int, cols: int, rule: ScaleRule) -> float:
@@ -125,12 +125,20 @@ class Muon(torch.optim.Optimizer):
             ortho.update(zip(sharded, runner.run([updates[p] for p in sharded]), strict=True))
         lr, wd = group["lr"], group["weight_decay"]
         for p in params:
-            rows, cols = self.layouts[p].matrix_shape(tuple(p.shape))
+            layout = self.layouts[p]
+            rows, cols = layout.matrix_shape(tuple(p.shape))
             scale = update_scale(rows, cols, self.config.scale_rule)
             data = _local(p)
             if wd:
                 data.mul_(1 - lr * wd)
-            data.add_(ortho[p].to(data.dtype), alpha=-lr * scale)
+            # In place on the weight's matrix-ordered view: the half-precision result is
+            # widened inside the add, with no float32 copy of it.
+            layout.pieces_view(data).add_(ortho[p], alpha=-lr * scale)
+
+    @property
+    def exchange_stats(self) -> ExchangeStats:
+        """What the last step's sharded Muon moved and computed on this rank."""
+        return self._sharded.stats if self._sharded is not None else ExchangeStats()
 
     def _sharded_orthogonalizer(self, params: list[Tensor]) -> ShardedOrthogonalizer:
         if self._sharded is None or self._sharded.param_ids != [id(p) for p in params]:
@@ -138,6 +146,11 @@ class Muon(torch.optim.Optimizer):
                 params, [self.layouts[p] for p in params], self.config
             )
         return self._sharded
+
+    # Memory traffic of _adamw_step per element (float32, no weight decay), pass by pass:
+    # lerp_ 12, mul_ 8, addcmul_ 12, the denominator's divide, sqrt_ and add_ 8 each,
+    # addcdiv_ 16. training.plan.plan turns it into time.
+    ADAMW_BYTES_PER_ELEMENT = 72
 
     def _adamw_step(self, params: list[Tensor], group: dict[str, Any]) -> None:
         cfg = self.config
@@ -164,18 +177,19 @@ class Muon(torch.optim.Optimizer):
 def orthogonalize_full(
     items: Iterable[tuple[Tensor, MatrixLayout]], config: NewtonSchulzConfig
 ) -> list[Tensor]:
-    """Orthogonalise whole tensors; one batched Newton-Schulz call per matrix shape."""
+    """Orthogonalise whole tensors; one batched Newton-Schulz call per matrix shape. Each
+    result is shaped as its layout's ``pieces_view`` of the tensor, in ``config.dtype``."""
     items = list(items)
     by_shape: dict[tuple[int, int], list[int]] = {}
     for index, (tensor, layout) in enumerate(items):
         by_shape.setdefault(layout.matrix_shape(tuple(tensor.shape)), []).append(index)
     results: list[Tensor] = [torch.empty(0)] * len(items)
     for indices in by_shape.values():
-        mats = [items[i][1].to_matrices(items[i][0].float()) for i in indices]
+        mats = [items[i][1].to_matrices(items[i][0]) for i in indices]
         ortho = orthogonalize(torch.cat(mats), config)
         for i, part in zip(indices, ortho.split([m.shape[0] for m in mats]), strict=True):
             tensor, layout = items[i]
-            results[i] = layout.from_matrices(part, tuple(tensor.shape))
+            results[i] = part.view(layout.pieces_view(tensor).shape)
     return results
 
 

@@ -88,6 +88,8 @@ class TrainerConfig:
         ns = optimizer.pop("newton_schulz")
         if isinstance(ns["schedule"], list):
             ns["schedule"] = tuple(tuple(c) for c in ns["schedule"])
+        if "gram_restarts" in ns:
+            ns["gram_restarts"] = tuple(ns["gram_restarts"])
         optimizer["adamw_betas"] = tuple(optimizer["adamw_betas"])
         for key in ("model_path", "data_path", "checkpoint_dir", "export_dir"):
             if data[key] is not None:
