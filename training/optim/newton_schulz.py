@@ -27,7 +27,7 @@ range), then cast to the working dtype. Measured against the float32 iteration o
 gradient-like matrices (rank 32 plus 5% noise), cosine of the results: bfloat16 standard
 0.98, bfloat16 Gram 0.92-0.95, float16 standard 0.9997, float16 Gram 0.999. A GPU runs both
 half types at the same tensor-core rate, so float16 Gram is the default; the per-shape
-bounds are in tests/training/test_newton_schulz.py and the training comparison in
+bounds are in tests/training/optim/test_newton_schulz.py and the training comparison in
 bench/RESULTS.md.
 
 On CPU torch has no fast float16 matrix product (10-20x slower than float32 here), so there

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from spawn import run_ranks
 
+from tests.support.spawn import run_ranks
 from training.components.data import RandomTokens
 from training.components.losses import (
     IGNORE_INDEX,

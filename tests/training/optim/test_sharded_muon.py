@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from spawn import run_ranks
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
+from tests.support.spawn import run_ranks
 from training.optim.config import MuonConfig, NewtonSchulzConfig
 from training.optim.matrix_layout import WHOLE, MatrixLayout, Split
 from training.optim.muon import Muon

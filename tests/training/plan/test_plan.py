@@ -14,9 +14,9 @@ import pytest
 import torch
 import typer
 import yaml
-from spawn import run_ranks
 from typer.testing import CliRunner
 
+from tests.support.spawn import run_ranks
 from training.cli import plan as plan_command
 from training.distributed.config import ParallelConfig
 from training.distributed.mesh import build_meshes
@@ -220,7 +220,7 @@ def test_the_device_run_writes_the_calibration_the_plan_uses(tmp_path: Path) -> 
     writes a device's figures, keeps the others, and cstack plan reads them as measured."""
     out = tmp_path / "calibration.yaml"
     shutil.copy(CALIBRATION_FILE, out)
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     command = [sys.executable, "bench/muon.py", "--part", "calibrate", "--reduced",
                "--repeats", "1", "--device-name", "dev", "--out", str(out)]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

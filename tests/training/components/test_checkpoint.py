@@ -8,9 +8,9 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from spawn import run_ranks
 
 from serving.process import free_port
+from tests.support.spawn import run_ranks
 from training.distributed.config import ParallelConfig
 from training.models.deepseek_v3.config import ModelConfig
 from training.models.deepseek_v3.model import DeepseekV3Model

@@ -8,9 +8,9 @@ import dataclasses
 
 import pytest
 import torch
-from spawn import run_ranks
 from torch import Tensor
 
+from tests.support.spawn import run_ranks
 from training.components.data import RandomTokens
 from training.components.losses import cross_entropy_loss
 from training.distributed.config import ParallelConfig

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from spawn import run_ranks
 
+from tests.support.spawn import run_ranks
 from training.components.data import RandomTokens
 from training.components.losses import cross_entropy_loss
 from training.distributed.config import ParallelConfig
