@@ -138,7 +138,7 @@ class EngineSlots:
         """Hand free slots to waiters: standard first while below its floor, then fast."""
         while True:
             below_floor = self.in_flight["standard"] < self.policy.standard_floor
-            order = ("standard", "fast") if below_floor else ("fast", "standard")
+            order = TIERS[::-1] if below_floor else TIERS  # TIERS lists fast first
             for tier in order:
                 queue = self._waiting[tier]
                 while queue and queue[0].done():

@@ -14,7 +14,7 @@ import typing
 from typing import Literal
 
 Tier = Literal["fast", "standard"]
-#: Every tier, fast first: it is the default.
+#: Every tier, fast first: it is the default, and the one served first when both wait.
 TIERS: tuple[Tier, ...] = ("fast", "standard")
 DEFAULT_TIER: Tier = "fast"
 

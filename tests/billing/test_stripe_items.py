@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import stripe
-from billing_support import StripeStandIn, hand_event, set_customers, write_test_book
+from billing_support import hand_event, set_customers, write_test_book
 from pydantic import SecretStr
 from sqlalchemy import Engine, text
 
@@ -27,6 +27,7 @@ from billing.reconcile import reconcile
 from billing.settings import BillingSettings
 from billing.stripe_api import StripeItem, list_invoice_items, stripe_client
 from billing.stripe_sync import sync_stripe
+from tests.support.fakes.stripe import StripeStandIn
 
 #: November is due: it has been over for its grace hour.
 DECEMBER = datetime(2026, 12, 1, 2, 0, tzinfo=UTC)

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import redis
-from billing_support import StripeStandIn, keyspace, set_customers, write_test_book
+from billing_support import keyspace, set_customers, write_test_book
 from pydantic import SecretStr
 from typer.testing import CliRunner
 
@@ -36,6 +36,7 @@ from billing.redis_meter import RedisMeter
 from billing.settings import BillingSettings
 from billing.stripe_api import list_invoice_items, stripe_client
 from billing.stripe_sync import sync_stripe
+from tests.support.fakes.stripe import StripeStandIn
 
 CUSTOMER = "cus_recon"
 VERSIONS = [

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import stripe
-from billing_support import StripeStandIn, set_customers, write_test_book
+from billing_support import set_customers, write_test_book
 from prometheus_client import REGISTRY
 from pydantic import SecretStr
 from sqlalchemy import Engine, func, select, update
@@ -40,6 +40,7 @@ from billing.stripe_api import (
     upcoming_invoice_total,
 )
 from billing.stripe_sync import idempotency_key, sync_stripe
+from tests.support.fakes.stripe import StripeStandIn
 
 #: November is due once it has been over for the grace period (an hour).
 NOW = datetime(2026, 12, 1, 1, 0, 30, tzinfo=UTC)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 import redis
-from billing_support import Process, StripeStandIn, set_customers, wait_for
+from billing_support import Process, set_customers, wait_for
 from pydantic import SecretStr
 from sqlalchemy import func, select
 
@@ -22,6 +22,7 @@ from billing.ledger import UsageRow, make_engine, migrate
 from billing.pricing import load_pricebook
 from billing.settings import BillingSettings
 from billing.stripe_api import list_invoice_items, stripe_client
+from tests.support.fakes.stripe import StripeStandIn
 
 EVENTS = 3000
 ORGS = {"org-worker-0": "cus_W0", "org-worker-1": "cus_W1"}

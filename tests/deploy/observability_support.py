@@ -7,14 +7,10 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import threading
-import time
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl
 
 import httpx
 import openai
@@ -115,65 +111,6 @@ def create_api_key(redis_url: str, org: str, plan: str, customer_id: str) -> str
             await redis.aclose()  # type: ignore[attr-defined]
 
     return asyncio.run(create())
-
-
-class StripeStandIn:
-    """Answers ``POST /v1/invoiceitems`` as Stripe does and records each item.
-
-    (tests/billing/stripe_server.py is the full stand-in, with idempotency keys, listing
-    and upcoming invoices; here only the worker's posts need an answer.)
-    """
-
-    def __init__(self) -> None:
-        self.items: list[dict[str, str]] = []
-        items = self.items
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                form = dict(parse_qsl(body.decode()))
-                if self.path != "/v1/invoiceitems":
-                    self._reply(404, {"error": {"message": "no such path"}})
-                    return
-                items.append(form)
-                now = int(time.time())
-                self._reply(
-                    200,
-                    {
-                        "id": f"ii_{len(items):08d}",
-                        "object": "invoiceitem",
-                        "amount": int(form.get("amount", 0)),
-                        "currency": form.get("currency", "usd"),
-                        "customer": form.get("customer"),
-                        "date": now,
-                        "description": form.get("description"),
-                        "invoice": None,
-                        "livemode": False,
-                        "metadata": {},
-                        "period": {"start": now, "end": now},
-                        "quantity": 1,
-                    },
-                )
-
-            def _reply(self, status: int, body: dict[str, Any]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                return
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def prometheus_config(

@@ -39,7 +39,6 @@ from observability_support import (
     ALERTS,
     CUSTOMER,
     PrometheusApi,
-    StripeStandIn,
     alert_expressions,
     billing_env,
     dashboard_expressions,
@@ -52,6 +51,7 @@ from observability_support import (
 from sqlalchemy import create_engine, text
 
 from serving.process import ManagedProcess, free_port
+from tests.support.fakes.stripe import StripeStandIn, start_stripe_stand_in
 from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.vllm
@@ -94,10 +94,10 @@ def observed(
         pytest.fail("prometheus not found: apt-get install prometheus")
     tmp = tmp_path_factory.mktemp("observability")
     redis = _isolated_redis(redis_url)
-    stripe = StripeStandIn()
+    stripe = start_stripe_stand_in(tmp)
     worker_port = free_port()
     trainer_port = free_port()
-    env = billing_env(tmp, redis, stripe.url, worker_port)
+    env = billing_env(tmp, redis, stripe.base_url, worker_port)
     cstack = [sys.executable, "-m", "deploy.cli"]
     worker = ManagedProcess(
         "billing worker",
@@ -322,8 +322,17 @@ def test_stripe_received_the_invoice_items_the_metrics_count(observed: ObservedS
     sent = observed.prometheus.query(
         'sum(cstack_stripe_invoice_items_total{result="sent", job="billing-worker"})'
     )
-    assert len(observed.stripe.items) >= int(float(sent[0]["value"][1])) > 0
-    assert {item["customer"] for item in observed.stripe.items} == {CUSTOMER}
+    # Each sent request is an item made, changed in place or removed (not a listing).
+    executed = [
+        request
+        for request in observed.stripe.requests()
+        if request["path"].startswith("/v1/invoiceitems")
+        and request["method"] != "GET"
+        and request["result"] == "accepted"
+    ]
+    assert len(executed) >= int(float(sent[0]["value"][1])) > 0
+    made = observed.stripe.accepted("/v1/invoiceitems")
+    assert made and {item["customer"] for item in made} == {CUSTOMER}
 
 
 def test_gateway_metrics_carry_no_key_or_org_labels(observed: ObservedStack) -> None:

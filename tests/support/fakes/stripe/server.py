@@ -1,7 +1,7 @@
 """A local stand-in for the Stripe endpoints billing uses, run as its own process.
 
 It speaks Stripe's API v1 (form-encoded, bearer auth) for what billing relies on; what
-those endpoints do is ``stripe_state.py``:
+those endpoints do is ``state.py``:
 
 - ``POST /v1/invoiceitems``, ``GET|POST|DELETE /v1/invoiceitems/{id}``, and
   ``GET /v1/invoiceitems?customer=&pending=&limit=&starting_after=`` (newest first,
@@ -19,7 +19,7 @@ Every request is appended to a JSON lines record so tests can check exactly what
 ``--fail-first N`` answers the first N invoice-item creations with a 500 before the
 endpoint runs (an outage in front of the API: nothing is created, nothing is saved).
 
-    python stripe_server.py --port 12111 --record requests.jsonl [--fail-first 3]
+    python -m tests.support.fakes.stripe.server --port 12111 --record r.jsonl [--fail-first 3]
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from stripe_state import BadRequest, Form, Reply, StripeState, nested
+from tests.support.fakes.stripe.state import BadRequest, Form, Reply, StripeState, nested
 
 Endpoint = Callable[[StripeState, Form, str], Reply]
 ITEM = re.compile(r"^/v1/invoiceitems/(?P<id>ii_[0-9]+)$")

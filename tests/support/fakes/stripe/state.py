@@ -1,4 +1,4 @@
-"""What the Stripe stand-in (``stripe_server.py``) holds and does: invoice items and invoices,
+"""What the Stripe stand-in (``server.py``) holds and does: invoice items and invoices,
 as Stripe's API (version 2026-10-28) has them for the calls billing makes.
 
 - An invoice item is pending until an invoice takes it. It has an ``amount`` in cents, or
