@@ -126,7 +126,7 @@ def _build_parts(settings: GatewaySettings, meter: Meter, worker: int) -> _Parts
         )
         if settings.engine_admission
         else None,
-        max_queue_wait_s={tier: book.admission.max_queue_wait_s[tier] for tier in TIERS},
+        max_queue_wait_s={tier: book.slot_sharing.max_queue_wait_s[tier] for tier in TIERS},
         connect_timeout_s=settings.connect_timeout_s,
         read_timeout_s=settings.read_timeout_s,
         max_connections=settings.max_connections_per_upstream,

@@ -176,7 +176,7 @@ def slot_policies(
             policies[url] = SlotPolicy(
                 size,
                 shared,
-                book.admission.standard_max_share,
-                book.admission.standard_min_share,
+                book.slot_sharing.standard_max_share,
+                book.slot_sharing.standard_min_share,
             )
     return policies

@@ -46,7 +46,7 @@ class WeightSync:
 @dataclass(frozen=True)
 class SlotSharing:
     """How the gateway shares an engine's request slots between tiers (the file's
-    ``admission`` section says what each field means)."""
+    ``slot_sharing`` section says what each field means)."""
 
     standard_max_share: float = STANDARD_MAX_SHARE
     standard_min_share: float = STANDARD_MIN_SHARE
@@ -61,7 +61,7 @@ class VariantBook:
     variants: dict[str, Variant]
     profiles: dict[str, dict[str, Any]]
     weight_sync: WeightSync = field(default_factory=WeightSync)
-    admission: SlotSharing = field(default_factory=SlotSharing)
+    slot_sharing: SlotSharing = field(default_factory=SlotSharing)
     #: Thinking-token budget per ``reasoning_effort`` (the file's ``reasoning`` section);
     #: an effort without one does not think.
     thinking_budgets: dict[str, int] = field(default_factory=dict)
@@ -134,7 +134,7 @@ def load_variants(path: Path) -> VariantBook:
             raise VariantError(f"variants file {path} lacks the {tier!r} variant")
     sync = raw.get("weight_sync") or {}
     return VariantBook(
-        admission=_admission(raw.get("admission") or {}, path),
+        slot_sharing=_slot_sharing(raw.get("slot_sharing") or {}, path),
         thinking_budgets=_thinking_budgets(raw.get("reasoning") or {}, path),
         served_model_name=str(raw.get("served_model_name", "composer-2.5")),
         variants=variants,
@@ -159,17 +159,17 @@ def _thinking_budgets(raw: dict[str, Any], path: Path) -> dict[str, int]:
     return budgets
 
 
-def _admission(raw: dict[str, Any], path: Path) -> SlotSharing:
+def _slot_sharing(raw: dict[str, Any], path: Path) -> SlotSharing:
     defaults = SlotSharing()
     waits = {**defaults.max_queue_wait_s, **(raw.get("max_queue_wait_s") or {})}
-    admission = SlotSharing(
+    sharing = SlotSharing(
         standard_max_share=float(raw.get("standard_max_share", defaults.standard_max_share)),
         standard_min_share=float(raw.get("standard_min_share", defaults.standard_min_share)),
         max_queue_wait_s={tier: float(wait) for tier, wait in waits.items()},
     )
-    shares = (admission.standard_min_share, admission.standard_max_share)
+    shares = (sharing.standard_min_share, sharing.standard_max_share)
     if not 0 <= shares[0] <= shares[1] <= 1:
-        raise VariantError(f"{path}: admission shares must be 0 <= min <= max <= 1")
-    if set(admission.max_queue_wait_s) != set(TIERS) or min(waits.values()) <= 0:
-        raise VariantError(f"{path}: admission.max_queue_wait_s needs a positive wait per tier")
-    return admission
+        raise VariantError(f"{path}: slot_sharing shares must be 0 <= min <= max <= 1")
+    if set(sharing.max_queue_wait_s) != set(TIERS) or min(waits.values()) <= 0:
+        raise VariantError(f"{path}: slot_sharing.max_queue_wait_s needs a positive wait per tier")
+    return sharing

@@ -103,7 +103,7 @@ def test_a_full_tier_answers_503_with_retry_after_and_fast_still_gets_in(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     raw = yaml.safe_load(DEFAULT_VARIANTS_FILE.read_text())
-    raw["admission"]["max_queue_wait_s"] = {"fast": 30, "standard": 1}
+    raw["slot_sharing"]["max_queue_wait_s"] = {"fast": 30, "standard": 1}
     variants = tmp_path / "variants.yaml"
     variants.write_text(yaml.safe_dump(raw))
     monkeypatch.setenv("CSTACK_VARIANTS_FILE", str(variants))

@@ -1,4 +1,4 @@
-"""The written policy for request fields (gateway/protocol.py, README "Request fields"):
+"""The written policy for request fields (gateway/protocol.py, docs/api.md "Request fields"):
 every OpenAI parameter is passed to vLLM, applied, ignored or refused, and any other field
 is a 400 naming it. The live tests go through the real ``openai`` SDK to a real gateway and vLLM;
 the others check the policy against the installed SDK's own parameter lists, so that a
@@ -37,7 +37,7 @@ from serving.settings import ServingSettings
 from serving.variants import load_variants
 from serving.vocabulary import REASONING_EFFORTS, ReasoningEffort
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 MESSAGES: list[Any] = [{"role": "user", "content": "Say hello."}]
 #: vLLM's sampling extensions the gateway passes on (RL rollouts use them): the only
 #: fields outside OpenAI's parameters, so that adding one is a decision made here too.
@@ -59,7 +59,7 @@ def sdk_parameters(module: Any) -> set[str]:
     }
 
 
-# --- The policy against the installed SDK and the README -------------------------------
+# --- The policy against the installed SDK and docs/api.md -------------------------------
 
 
 @pytest.mark.parametrize(("model", "sdk"), ENDPOINTS, ids=["chat", "completions"])
@@ -81,7 +81,7 @@ def test_reasoning_effort_takes_openais_values() -> None:
 
 
 def test_the_readme_lists_every_field_under_its_policy() -> None:
-    section = README.read_text().split("### Request fields", 1)[1].split("\n### ", 1)[0]
+    section = README.read_text().split("## Request fields", 1)[1].split("\n## ", 1)[0]
     bullets = {
         match[1].lower(): set(re.findall(r"`([a-z_]+)`", match[2]))
         for match in re.finditer(r"^- \*\*(\w+)\*\*(.*?)(?=^\S|^- |\Z)", section, re.M | re.S)

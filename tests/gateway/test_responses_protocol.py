@@ -23,7 +23,7 @@ from gateway.responses.events import ResponseEventWriter
 from gateway.responses.output import ResponseAssembler
 from gateway.responses.protocol import ResponsesRequest
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 REQUEST_ID = "req_0123456789abcdef"
 EVENTS: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
 
@@ -119,7 +119,7 @@ def test_every_sdk_parameter_has_a_policy() -> None:
 
 
 def test_the_readme_lists_every_field_under_its_policy() -> None:
-    section = README.read_text().split("### The Responses API", 1)[1].split("\n### ", 1)[0]
+    section = README.read_text().split("## The Responses API", 1)[1].split("\n## ", 1)[0]
     bullets = {
         match[1].lower(): set(re.findall(r"`([a-z_]+)`", match[2]))
         for match in re.finditer(r"^- \*\*(\w+)\*\*(.*?)(?=^\S|^- |\Z)", section, re.M | re.S)

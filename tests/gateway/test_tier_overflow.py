@@ -111,7 +111,7 @@ def test_a_full_fast_pool_overflows_to_standard_only_where_the_org_allows_it(
     )
     assert refused.status_code == 503 and refused.headers["retry-after"]
     assert refused.json()["error"]["code"] == "engine_overloaded"
-    assert time.monotonic() - waited >= book.admission.max_queue_wait_s["fast"] - 1
+    assert time.monotonic() - waited >= book.slot_sharing.max_queue_wait_s["fast"] - 1
     stalled.kill()
     for thread in threads:
         thread.join(timeout=30)
