@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -96,21 +99,29 @@ def ledger_event_count(ledger_url: str) -> int:
         engine.dispose()
 
 
-def create_api_key(redis_url: str, org: str, plan: str, customer_id: str) -> str:
-    """A fresh key for ``org`` (created with ``plan`` and a billing customer)."""
+def create_api_key(env: dict[str, str], org: str, plan: str) -> str:
+    """A fresh key for ``org``; a new org is created on ``plan`` and billed to ``CUSTOMER``,
+    set as an operator does (`cstack keys customer`: the ledger's record, which invoices
+    go by, and the copy admission reads)."""
 
-    async def create() -> str:
-        redis = Redis.from_url(redis_url)
+    async def create() -> tuple[str, bool]:
+        redis = Redis.from_url(env["CSTACK_REDIS_URL"])
         try:
             store = KeyStore(redis, plan)
-            if await store.get_org(org) is None:
-                await store.create_org(org, plan=plan, customer_id=customer_id)
+            created = await store.get_org(org) is None
+            if created:
+                await store.create_org(org, plan=plan)
             token, _record = await store.create_key(org, plan=plan)
-            return str(token)
+            return str(token), created
         finally:
             await redis.aclose()  # type: ignore[attr-defined]
 
-    return asyncio.run(create())
+    token, created = asyncio.run(create())
+    if created:
+        cstack = [sys.executable, "-m", "deploy.cli"]
+        for command in (["billing", "migrate"], ["keys", "customer", org, CUSTOMER]):
+            subprocess.run([*cstack, *command], env={**os.environ, **env}, check=True)
+    return token
 
 
 def prometheus_config(
@@ -198,9 +209,10 @@ def billing_env(tmp: Path, redis_url: str, stripe_url: str, metrics_port: int) -
     }
 
 
-def send_traffic(gateway_url: str, redis_url: str) -> list[str]:
-    """Completions on both tiers (streamed and not), then requests the meter refuses."""
-    key = create_api_key(redis_url, "observed-org", "observed", CUSTOMER)
+def send_traffic(gateway_url: str, env: dict[str, str]) -> list[str]:
+    """Completions on both tiers (streamed and not), then requests the meter refuses
+    (``env``: the billing processes' settings)."""
+    key = create_api_key(env, "observed-org", "observed")
     client = openai.OpenAI(base_url=f"{gateway_url}/v1", api_key=key, max_retries=0)
     client.models.list()
     for model in ("composer-2.5-fast", "composer-2.5-standard"):
@@ -220,7 +232,7 @@ def send_traffic(gateway_url: str, redis_url: str) -> list[str]:
     for plan, attempts in (("one-rpm", 2), ("no-allowance", 1)):
         limited = openai.OpenAI(
             base_url=f"{gateway_url}/v1",
-            api_key=create_api_key(redis_url, f"{plan}-org", plan, CUSTOMER),
+            api_key=create_api_key(env, f"{plan}-org", plan),
             max_retries=0,
         )
         for _ in range(attempts):

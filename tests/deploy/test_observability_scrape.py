@@ -184,7 +184,7 @@ def observed(
         # Labelled series start to exist at their first observation, and rate() counts
         # only increases Prometheus saw happen: so a first round creates the series, and
         # once they are scraped a second round is what the rates and quantiles see.
-        codes = send_traffic(gateway_url, redis)
+        codes = send_traffic(gateway_url, env)
         # Both the completions' series and the refusals' (the round's last requests: a
         # scrape between the two would leave the refusals a single sample, after round 2,
         # and rate() nothing to compute).
@@ -196,7 +196,7 @@ def observed(
             "the first round's series to be scraped",
             30,
         )
-        codes += send_traffic(gateway_url, redis)
+        codes += send_traffic(gateway_url, env)
         # Prometheus has scraped the gateway after the second round: its count of
         # completions requests is the gateway's own (scrapes count as requests too).
         served = gateway_request_count(internal_url, routes=("chat", "completions"))
