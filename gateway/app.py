@@ -112,6 +112,7 @@ def _build_parts(settings: GatewaySettings, meter: Meter, worker: int) -> _Parts
         cache_ttl_s=settings.key_cache_ttl_s,
         poll_s=settings.revocation_poll_s,
         staleness_s=settings.revocation_staleness_s,
+        outage_grace_s=settings.key_outage_grace_s,
     )
     urls_by_tier = {tier: settings.upstreams_for(tier) for tier in TIERS}
     serving = ServingSettings()

@@ -5,7 +5,13 @@ task polls the revocation epoch (``gateway.keys.EPOCH_KEY``) every ``revocation_
 and clears the cache when it moves. A cached entry is trusted only while the last poll
 was *issued* less than ``revocation_staleness_s`` ago, so a revocation committed before
 that moment has been seen: with the defaults a revoked key stops working on every replica
-within 1 s, and if Redis stops answering the cache is bypassed rather than trusted.
+within 1 s.
+
+While Redis does not answer, a key this replica verified keeps working for
+``outage_grace_s`` after the last epoch poll that succeeded (the trade-off: during an
+outage a revocation can take that long to reach every replica; once Redis answers again,
+the next poll applies it within the normal bound). A key not verified before the outage
+gets a 503: nothing can vouch for it.
 """
 
 from __future__ import annotations
@@ -39,12 +45,18 @@ class Principal:
 
 class Authenticator:
     def __init__(
-        self, store: KeyStore, cache_ttl_s: float, poll_s: float, staleness_s: float
+        self,
+        store: KeyStore,
+        cache_ttl_s: float,
+        poll_s: float,
+        staleness_s: float,
+        outage_grace_s: float = 0.0,
     ) -> None:
         self._store = store
         self._cache_ttl_s = cache_ttl_s
         self._poll_s = poll_s
         self._staleness_s = staleness_s
+        self._outage_grace_s = outage_grace_s
         self._cache: dict[str, tuple[Principal, float]] = {}
         #: Bumped on every cache clear; a lookup that raced a clear is not cached.
         self._generation = 0
@@ -53,6 +65,9 @@ class Authenticator:
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self._refresh: asyncio.Future[None] | None = None
+        #: When a refresh made on a request's behalf last failed: requests then wait for
+        #: the poller instead of each trying Redis again.
+        self._refresh_failed_at = float("-inf")
 
     async def authenticate(self, authorization: str | None) -> Principal:
         if not authorization:
@@ -74,6 +89,8 @@ class Authenticator:
             generation = self._generation
             principal = await self._lookup(token)
         except REDIS_FAILURES as exc:
+            if cached is not None and self._within_outage_grace(cached[1]):
+                return cached[0]
             raise GatewayError(
                 503, "API key store unavailable", type="server_error", code="auth_unavailable"
             ) from exc
@@ -95,10 +112,26 @@ class Authenticator:
             return Principal(key, None)
         return Principal(key, org.customer_id or None, org.default_tier, org.fast_overflow)
 
+    def _within_outage_grace(self, expires_at: float) -> bool:
+        """Whether a cached key may be trusted while Redis does not answer: the last epoch
+        poll that succeeded (no revocation until then) is under the grace old, and so is
+        the entry's own expiry."""
+        now = time.monotonic()
+        return (
+            now - self._epoch_checked_at < self._outage_grace_s
+            and now < expires_at + self._outage_grace_s
+        )
+
     async def _refresh_epoch(self) -> None:
         if self._refresh is None or self._refresh.done():
+            if time.monotonic() - self._refresh_failed_at < self._poll_s:
+                raise ConnectionError("the revocation epoch could not be read just now")
             self._refresh = asyncio.ensure_future(self.poll_epoch())
-        await asyncio.shield(self._refresh)
+        try:
+            await asyncio.shield(self._refresh)
+        except REDIS_FAILURES:
+            self._refresh_failed_at = time.monotonic()
+            raise
 
     def invalidate(self) -> None:
         self._generation += 1

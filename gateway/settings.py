@@ -90,6 +90,10 @@ class GatewaySettings(CstackSettings):
     #: Cached keys are trusted only while the last epoch poll is younger than this; the
     #: issue's contract is that a revocation reaches every replica within 1 s.
     revocation_staleness_s: float = 0.8
+    #: While Redis does not answer, keys this replica verified keep working for this long
+    #: after the last epoch poll that succeeded: also how long a revocation may take to
+    #: reach every replica during an outage (0: fail closed at once).
+    key_outage_grace_s: float = Field(15.0, ge=0)
     #: Plan of an org created without one.
     default_plan: str = "default"
 
