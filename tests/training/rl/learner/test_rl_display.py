@@ -38,10 +38,10 @@ RUN = textwrap.dedent("""
 
 
 def test_piped_output_has_a_line_per_phase_and_step_and_a_heartbeat() -> None:
+    # Its stdout a pipe, as in CI.
     done = subprocess.run(
-        [sys.executable, "-c", RUN], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, timeout=120, check=False,
-    )  # fmt: skip
+        [sys.executable, "-c", RUN], capture_output=True, text=True, timeout=120, check=False
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == "cstack rl: starting rollout workers"
