@@ -25,15 +25,23 @@ SESSION_OPTIONS = cli_options(SessionConfig)
 def _rl(values: dict[str, Any]) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     config = _checked_config(values)
+    from serving.process import StopRequested, stop_signals_raise
     from training.rl.learner.session import RlSession
 
-    config.out.mkdir(parents=True, exist_ok=True)
-    report_path = config.out / "steps.jsonl"
-    with ExitStack() as stack, report_path.open("w") as report:
-        session = RlSession(config, stack)
-        for step in session.run():
-            report.write(json.dumps(step.__dict__) + "\n")
-            report.flush()
+    config.out_dir.mkdir(parents=True, exist_ok=True)
+    report_path = config.out_dir / "steps.jsonl"
+    try:
+        # Exited last to first: the stop signals are ignored before the stack closes
+        # (stopping Valkey, vLLM and the workers), so a second Ctrl-C or SIGTERM cannot
+        # cut that cleanup short.
+        with ExitStack() as stack, report_path.open("w") as report, stop_signals_raise():
+            session = RlSession(config, stack)
+            for step in session.run():
+                report.write(json.dumps(step.__dict__) + "\n")
+                report.flush()
+    except StopRequested as stop:
+        typer.echo(f"stopped ({stop}); step reports in {report_path}")
+        raise typer.Exit(stop.exit_code) from None
     typer.echo(f"step reports in {report_path}")
 
 
@@ -52,6 +60,10 @@ def _checked_config(values: dict[str, Any]) -> SessionConfig:
     ):  # fmt: skip
         if value < least:
             raise typer.BadParameter(f"must be at least {least}, not {value}", param_hint=flag)
+    if config.heartbeat_s <= 0:
+        raise typer.BadParameter(
+            f"must be more than 0, not {config.heartbeat_s}", param_hint="--heartbeat-s"
+        )
     if config.environment == "toolchoice":
         from training.rl.rollouts.environments import toolchoice_available
 
@@ -78,7 +90,10 @@ def _checked_config(values: dict[str, Any]) -> SessionConfig:
     except FeedbackConfigError as exc:
         raise typer.BadParameter(str(exc), param_hint="--feedback-config") from None
     return dataclasses.replace(
-        config, task_dir=config.task_dir.resolve(), feedback_config=feedback_file
+        config,
+        task_dir=config.task_dir.resolve(),
+        feedback_config=feedback_file,
+        out=config.out_dir,  # the state directory read once, here
     )
 
 
@@ -89,5 +104,15 @@ def _has_task(config: SessionConfig, task_id: str) -> bool:
 rl = typer_command(
     SESSION_OPTIONS,
     _rl,
-    "Run Valkey, a vLLM engine, rollout workers and the trainer; train with GRPO.",
+    """Run Valkey, a vLLM engine, rollout workers and the trainer; train with GRPO.
+
+    Shows a live table on a terminal; piped (CI, a log file), a line per phase and per
+    step, and a heartbeat line while a step runs longer than --heartbeat-s.
+
+    Ctrl-C or SIGTERM stops everything it started (Valkey, vLLM, the rollout workers)
+    before it exits.
+
+    State (weights, logs, steps.jsonl, the tiny checkpoint) goes to --out, by default
+    rl/ in the state directory `cstack up` uses (CSTACK_STATE_DIR, default .cstack).
+    """,
 )

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from serving.settings import CstackSettings
 from serving.vocabulary import REASONING_EFFORTS, VERBOSITIES
 from training.rl.feedback import DEFAULT_FEEDBACK_FILE, TextFeedbackConfig
 from training.rl.learner.curriculum import CurriculumConfig
@@ -164,7 +165,14 @@ class SessionConfig:
     policy_url: str = option(
         "", "Rollouts call the policy here, e.g. the gateway's /v1 (key: CSTACK_RL_API_KEY)."
     )
-    out: Path = option(Path(".cstack/rl"), "Weights, logs and the step report.")
+    out: Path | None = option(
+        None, "Weights, logs and the step report (default: rl/ in the state directory, "
+        "CSTACK_STATE_DIR, where `cstack up` keeps its state).",
+    )  # fmt: skip
+    heartbeat_s: float = option(
+        30.0, "Piped output (not a terminal): a line saying what still runs when nothing was "
+        "printed for this many seconds (e.g. a step waiting for rollouts).",
+    )  # fmt: skip
     #: Names this run's rollout queue and trajectory stream (not an option).
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
@@ -177,6 +185,12 @@ class SessionConfig:
     def styles(self) -> dict[str, TaskStyle]:
         """``task_styles`` parsed (ValueError when one is bad: the CLI checks first)."""
         return parse_task_styles(self.task_styles, self.rollout_task_ids)
+
+    @property
+    def out_dir(self) -> Path:
+        """Where this run keeps its weights, logs and step report: ``out``, else ``rl/`` in
+        the state directory every command shares (``CstackSettings.state_dir``)."""
+        return self.out if self.out is not None else CstackSettings().state_dir / "rl"
 
     @property
     def feedback_file(self) -> Path:

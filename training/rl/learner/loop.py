@@ -24,6 +24,7 @@ from typing import Protocol
 
 from torch import Tensor
 
+from serving.settings import CstackSettings
 from training.rl.feedback import Encode
 from training.rl.learner import metrics
 from training.rl.learner.batch import build_batch
@@ -75,7 +76,7 @@ class LoopConfig:
     #: over a process group (weight_transport.py), ``disk`` writes an HF export to
     #: ``export_dir`` that the engines read back.
     weight_transport: WeightTransport = "stream"
-    export_dir: Path = Path(".cstack/rl/weights")
+    export_dir: Path = field(default_factory=lambda: CstackSettings().state_dir / "rl" / "weights")
     keep_exports: int = 2
     #: Seeds vLLM's sampling of the k-th submitted rollout with ``sampling_seed * 10**6 + k``
     #: (None: unseeded), so two runs with the same seed draw the same random numbers, and

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
@@ -15,9 +14,6 @@ from pathlib import Path
 
 import redis
 import torch.distributed as dist
-from rich.console import Console
-from rich.live import Live
-from rich.table import Table
 from tokenizers import Tokenizer
 
 from serving.process import free_port
@@ -27,6 +23,7 @@ from training.optim.config import MuonConfig
 from training.rl.feedback import load_feedback_config
 from training.rl.learner.config import GRPOConfig, SessionConfig
 from training.rl.learner.consumer import TrajectoryConsumer
+from training.rl.learner.display import SessionDisplay
 from training.rl.learner.loop import LoopConfig, RlLoop, StepReport
 from training.rl.learner.stack import start_engine, start_workers
 from training.rl.learner.trainer_hook import grpo_loss_hook
@@ -37,49 +34,6 @@ from training.rl.rollouts.worker import TASK_NAME, make_celery
 from training.settings import TrainingSettings
 from training.trainer.config import TrainerConfig
 from training.trainer.loop import Trainer
-
-
-class _Display:
-    """The live table: the last 15 step reports under a title that says what is going on."""
-
-    def __init__(self, config: SessionConfig, stack: ExitStack) -> None:
-        self.config = config
-        self.history: list[StepReport] = []
-        # Piped output (logs, CI) gets a width that fits every column, not rich's 80.
-        console = Console() if sys.stdout.isatty() else Console(width=110)
-        if not console.is_terminal:
-            # Piped, rich prints the final table without a newline after it; this callback
-            # runs once the Live below has stopped.
-            stack.callback(console.line)
-        self.live = stack.enter_context(
-            Live(self._table("starting"), console=console, refresh_per_second=2)
-        )
-        self._engine_phase = ""
-
-    def show(self, status: str) -> None:
-        self.live.update(self._table(status))
-
-    def show_engine_start(self, phase: str, seconds: float, log: Path) -> None:
-        """vLLM's start: in the title on a terminal, ticking; piped (where rich shows only
-        the final table), a line per phase."""
-        if self.live.console.is_terminal:
-            self.show(f"starting vLLM: {phase} · {seconds:.0f} s · log: {log}")
-        elif phase != self._engine_phase:
-            self.live.console.print(f"vLLM: {phase} ({seconds:.0f} s, log: {log})")
-        self._engine_phase = phase
-
-    def _table(self, status: str) -> Table:
-        table = Table(title=f"cstack rl · {self.config.environment} · {status}")
-        for column in ("step", "version", "reward", "invalid tools", "staleness",
-                       "rollouts/s", "tokens/s", "loss", "dropped"):  # fmt: skip
-            table.add_column(column, justify="right")
-        for r in self.history[-15:]:
-            table.add_row(
-                str(r.step), str(r.policy_version), f"{r.mean_reward:.3f}",
-                f"{r.invalid_tool_rate:.3f}", f"{r.staleness:.2f}", f"{r.rollouts_per_s:.2f}",
-                f"{r.tokens_per_s:.1f}", f"{r.loss:.4f}", str(r.dropped_stale),
-            )  # fmt: skip
-        return table
 
 
 @dataclass(frozen=True)
@@ -97,7 +51,7 @@ class RlSession:
     def __init__(self, config: SessionConfig, stack: ExitStack) -> None:
         self.config = config
         self.stack = stack
-        self.logs = config.out / "logs"
+        self.logs = config.out_dir / "logs"
         self.queue = f"rollouts-{config.run_id}"
         self.stream = f"cstack:rl:{config.run_id}:trajectories"
 
@@ -105,17 +59,20 @@ class RlSession:
         """Start what the config does not point at, then yield one report per step."""
         c = self.config
         self.logs.mkdir(parents=True, exist_ok=True)
-        display = _Display(c, self.stack)
-        model = c.model or build_tiny_checkpoint(c.out / "model", seed=c.seed)
+        display = SessionDisplay(c.environment, c.steps, self.stack, c.heartbeat_s)
+        if c.model is None:
+            display.show("building the tiny checkpoint")
+        model = c.model or build_tiny_checkpoint(c.out_dir / "model", seed=c.seed)
         services = self._start_services(model, display)
         display.show("starting rollout workers")
         self._start_workers(services)
         grpo = self._grpo_config()
+        display.show("building the trainer")
         trainer = self._build_trainer(model, grpo)
         loop = self._build_loop(trainer, model, services, grpo)
         yield from self._iterate(loop, display)
 
-    def _start_services(self, model: Path, display: _Display) -> _Services:
+    def _start_services(self, model: Path, display: SessionDisplay) -> _Services:
         """Valkey and one vLLM engine (dev mode, weight sync on) unless given URLs."""
         c = self.config
         if c.redis_url:
@@ -196,7 +153,7 @@ class RlSession:
                 groups_per_step=c.groups_per_step,
                 # Synchronous: nothing sampled ahead that the next push would make stale.
                 queued_groups=(2 if c.max_staleness else 1) * c.groups_per_step,
-                export_dir=c.out / "weights", weight_transport=c.weight_transport,
+                export_dir=c.out_dir / "weights", weight_transport=c.weight_transport,
                 grpo=grpo, sampling_seed=c.seed, curriculum=c.curriculum,
             ),
             encode=lambda text: tokenizer.encode(text, add_special_tokens=False).ids,
@@ -204,12 +161,11 @@ class RlSession:
             harder=functools.partial(harder_task, c.environment, c.task_dir),
         )  # fmt: skip
 
-    def _iterate(self, loop: RlLoop, display: _Display) -> Iterator[StepReport]:
+    def _iterate(self, loop: RlLoop, display: SessionDisplay) -> Iterator[StepReport]:
         steps = self.config.steps
         for _ in range(steps):
-            display.show(f"training step {loop.step + 1}/{steps}")
+            display.step_started(loop.step + 1, lambda: loop.consumer.stats.received)
             report = loop.run_step()
-            display.history.append(report)
-            display.show(f"step {report.step}/{steps} done")
+            display.step_done(report)
             yield report
         display.show("done")

@@ -3,6 +3,7 @@ starts (the session is replaced by a recorder: no Valkey, vLLM or trainer here).
 
 from __future__ import annotations
 
+import signal
 import sys
 import types
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ from training.rl.rollouts.request import TaskStyle
 
 
 @pytest.fixture
-def sessions(monkeypatch: pytest.MonkeyPatch) -> list[SessionConfig]:
+def sessions(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[SessionConfig]]:
     started: list[SessionConfig] = []
 
     class Recorder:
@@ -31,7 +32,12 @@ def sessions(monkeypatch: pytest.MonkeyPatch) -> list[SessionConfig]:
     module = types.ModuleType("training.rl.learner.session")
     module.RlSession = Recorder  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "training.rl.learner.session", module)
-    return started
+    # `cstack rl` ignores SIGINT and SIGTERM once its run is over (the stop signals of
+    # serving.process); pytest gets its own handlers back.
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    yield started
+    for signum, handler in handlers.items():
+        signal.signal(signum, handler)
 
 
 def test_flags_fill_the_session_config(sessions: list[SessionConfig], tmp_path: Path) -> None:
@@ -57,6 +63,7 @@ def test_flags_fill_the_session_config(sessions: list[SessionConfig], tmp_path: 
         "tools-2": TaskStyle(verbosity="low"),
     }
     assert config.task_dir.is_absolute() and config.feedback_config == DEFAULT_FEEDBACK_FILE
+    assert config.heartbeat_s == 30.0
     assert len(config.run_id) == 8
 
 
@@ -81,6 +88,7 @@ def test_flags_fill_the_session_config(sessions: list[SessionConfig], tmp_path: 
         (["--environment", "toolchoice", "--task", "tools-0@9"], "not 'tools-0@9'"),
         (["--sampling", "greedy"], "--sampling must be one of learnability, uniform"),
         (["--correction", "none"], "--correction must be one of tis, clip"),
+        (["--heartbeat-s", "0"], "Invalid value for --heartbeat-s: must be more than 0"),
     ],
 )
 def test_bad_flags_fail_before_the_session(
@@ -92,6 +100,26 @@ def test_bad_flags_fail_before_the_session(
     assert result.exit_code == 2
     assert message in " ".join(result.output.replace("│", " ").split())
     assert sessions == []
+
+
+def test_state_goes_under_the_state_directory(
+    sessions: list[SessionConfig], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without --out, the run's state is rl/ in CSTACK_STATE_DIR, as `cstack up`'s is
+    there; the directory is made before the session starts."""
+    monkeypatch.setenv("CSTACK_STATE_DIR", str(tmp_path / "state"))
+    result = CliRunner().invoke(app, ["rl", "--heartbeat-s", "1.5"])
+    assert result.exit_code == 0, result.output
+    (config,) = sessions
+    assert config.out == config.out_dir == tmp_path / "state" / "rl"
+    assert config.heartbeat_s == 1.5
+    assert (tmp_path / "state" / "rl" / "steps.jsonl").is_file()
+    assert f"step reports in {tmp_path / 'state' / 'rl' / 'steps.jsonl'}" in result.output
+    # The library's defaults follow the same setting.
+    from training.rl.learner.loop import LoopConfig
+
+    assert SessionConfig().out_dir == tmp_path / "state" / "rl"
+    assert LoopConfig().export_dir == tmp_path / "state" / "rl" / "weights"
 
 
 def test_task_styles_default_to_none_sent(sessions: list[SessionConfig], tmp_path: Path) -> None:
@@ -124,3 +152,17 @@ def test_help_explains_task_style() -> None:
     assert (
         "EFFORT: none, minimal, low, medium, high, xhigh, max; VERBOSITY: low, medium, high" in text
     )
+
+
+def test_help_says_how_it_stops_where_state_goes_and_what_piped_output_shows() -> None:
+    result = CliRunner().invoke(app, ["rl", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    text = " ".join(result.output.replace("│", " ").split())
+    assert "Ctrl-C or SIGTERM stops everything it started (Valkey, vLLM, the rollout workers)" in (
+        text
+    )
+    assert "rl/ in the state directory `cstack up` uses (CSTACK_STATE_DIR, default .cstack)" in (
+        text
+    )
+    assert "piped (CI, a log file), a line per phase and per step, and a heartbeat" in text
+    assert "--heartbeat-s" in text
