@@ -14,6 +14,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+#: The longest message or param an error repeats: messages quote client values through
+#: ``serving.redact.echo``; this is the backstop for any that does not.
+MAX_MESSAGE_CHARS = 1000
+MAX_PARAM_CHARS = 200
+
 
 class GatewayError(Exception):
     """An error the gateway answers with, in OpenAI's shape."""
@@ -28,11 +33,13 @@ class GatewayError(Exception):
         code: str | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
+        if len(message) > MAX_MESSAGE_CHARS:
+            message = message[:MAX_MESSAGE_CHARS] + "... (cut)"
         super().__init__(message)
         self.status_code = status_code
         self.message = message
         self.type = type
-        self.param = param
+        self.param = param[:MAX_PARAM_CHARS] if param is not None else None
         self.code = code
         self.headers = dict(headers or {})
 

@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.fields import FieldInfo
 
 from gateway.errors import GatewayError, bad_request
+from gateway.grammar_limits import check_patterns
 from serving.vocabulary import ReasoningEffort, Verbosity
 
 INT64_MAX = 2**63 - 1
@@ -166,10 +167,12 @@ class JsonSchemaFormat(OpenAIModel):
 
 
 def check_json_schema(schema: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A schema that is not one is the caller's error (vLLM would answer 500)."""
+    """A schema that is not one, or one whose patterns the engine's grammar compiler
+    cannot take, is the caller's error (vLLM would answer 500)."""
     if schema is not None:
         try:
             Draft202012Validator.check_schema(schema)
+            check_patterns(schema, "schema")
         except SchemaError as exc:
             raise ValueError(f"not a valid JSON schema: {exc.message}") from None
         except RecursionError:

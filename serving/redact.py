@@ -1,4 +1,5 @@
-"""Credentials out of what gets printed: the one helper every package logs URLs through.
+"""What gets printed: credentials masked (the one helper every package logs URLs through),
+and client-given values shown at a bounded length.
 
 Redis URLs carry their password (``redis://:password@host:6379/0``, or ``?password=`` in
 the query, which redis-py reads too), so a URL must never reach a log line, an error
@@ -42,3 +43,16 @@ def redact_url(url: str) -> str:
         masked = [(name, MASK if _SECRET_PARAM.search(name) else value) for name, value in pairs]
         query = urlencode(masked, safe="*/")
     return urlunsplit((parts.scheme, host, parts.path, query, parts.fragment))
+
+
+#: How much of a client-given value an error message repeats.
+ECHO_CHARS = 200
+
+
+def echo(value: object, limit: int = ECHO_CHARS) -> str:
+    """``repr(value)`` for an error message, cut to ``limit`` characters of the value: a
+    client's 1 MB model name must not come back whole (or fill a log line)."""
+    text = value if isinstance(value, str) else repr(value)
+    if len(text) <= limit:
+        return repr(text) if isinstance(value, str) else text
+    return f"{text[:limit]!r}... ({len(text)} characters)"

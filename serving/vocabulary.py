@@ -13,6 +13,8 @@ from __future__ import annotations
 import typing
 from typing import Literal
 
+from serving.redact import echo
+
 Tier = Literal["fast", "standard"]
 #: Every tier, fast first: it is the default, and the one served first when both wait.
 TIERS: tuple[Tier, ...] = ("fast", "standard")
@@ -64,7 +66,7 @@ class UnknownModel(ValueError):
 
     def __init__(self, model: str) -> None:
         known = ", ".join(PUBLIC_MODELS)
-        super().__init__(f"The model {model!r} does not exist (available: {known})")
+        super().__init__(f"The model {echo(model)} does not exist (available: {known})")
 
 
 class UnknownServiceTier(ValueError):
@@ -72,7 +74,7 @@ class UnknownServiceTier(ValueError):
 
     def __init__(self, service_tier: str) -> None:
         known = ", ".join(SERVICE_TIERS)
-        super().__init__(f"service_tier: unknown tier {service_tier!r} (one of {known})")
+        super().__init__(f"service_tier: unknown tier {echo(service_tier)} (one of {known})")
 
 
 def resolve_tier(model: str, service_tier: str | None, org_default: Tier = DEFAULT_TIER) -> Tier:

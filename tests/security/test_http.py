@@ -10,6 +10,7 @@ assertion about speed.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import socket
 import sys
@@ -416,3 +417,54 @@ def test_garbage_never_gets_a_5xx(live: LiveGateway) -> None:
         assert response.json()["error"]["message"]
     weird_auth = {"authorization": "Bearer " + "k" * 10000}
     assert httpx.get(f"{live.url}/v1/models", headers=weird_auth).status_code == 401
+
+
+def test_errors_repeat_at_most_a_bounded_part_of_what_was_sent(live: LiveGateway) -> None:
+    huge = "m" * 1_000_000
+    hi = [{"role": "user", "content": "hi"}]
+    sent = [
+        {"model": huge, "messages": [{"role": "user", "content": "hi"}]},
+        {"model": "composer-2.5", "service_tier": huge, "messages": hi},
+        {"model": "composer-2.5-fast", "messages": [{"role": huge, "content": "hi"}]},
+        {"model": "composer-2.5-fast", "messages": [{"role": "user", "content": "hi"}], huge: 1},
+    ]  # fmt: skip
+    auth = {"authorization": f"Bearer {live.api_key}"}
+    for body in sent:
+        answer = httpx.post(f"{live.url}/v1/chat/completions", json=body, headers=auth, timeout=30)
+        assert answer.status_code in (400, 404), answer.text[:300]
+        assert len(answer.content) < 2_000, answer.text[:300]
+        assert answer.json()["error"]["message"]
+
+
+def test_request_ids_tell_nothing_of_other_traffic(live: LiveGateway) -> None:
+    """Ids that count up would let any customer measure every tenant's request rate."""
+    ids = [httpx.get(f"{live.url}/healthz").headers["x-request-id"] for _ in range(20)]
+    assert len(set(ids)) == len(ids)
+    bodies = [identifier.removeprefix("req_") for identifier in ids]
+
+    def shared(texts: list[str]) -> int:
+        columns = enumerate(zip(*texts, strict=False))
+        return next((i for i, chars in columns if len(set(chars)) > 1), 0)
+
+    # No shared prefix or suffix beyond chance, no two consecutive ids close together.
+    assert shared(bodies) <= 2
+    assert shared([body[::-1] for body in bodies]) <= 2
+    numbers = [int(body, 16) for body in bodies if all(c in "0123456789abcdef" for c in body)]
+    assert not any(abs(b - a) < 2**32 for a, b in itertools.pairwise(numbers))
+
+
+def test_a_pattern_the_engine_cannot_compile_is_a_400_naming_the_field(
+    live: LiveGateway,
+) -> None:
+    """vLLM answers these with a bare 500 (or compiles one for tens of seconds)."""
+    for pattern in ("^(a{1,200}){1,200}$", "^a{1,1000}$", "^(a{1,50}){1,50}$"):
+        schema = {"type": "object", "properties": {"a": {"type": "string", "pattern": pattern}}}
+        response_format = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+        answer = chat(live, "hello", response_format=response_format)
+        assert answer.status_code == 400, (pattern, answer.text)
+        error = answer.json()["error"]
+        assert error["param"].startswith("response_format"), error
+        assert "properties.a.pattern" in error["message"], error
+    schema = {"type": "object", "properties": {"a": {"type": "string", "pattern": "^[a-z]{1,20}$"}}}
+    response_format = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    assert chat(live, "hello", response_format=response_format).status_code == 200
