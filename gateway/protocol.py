@@ -111,6 +111,14 @@ class FunctionDefinition(OpenAIModel):
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
+    @field_validator("parameters")
+    @classmethod
+    def _compilable_patterns(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
+        # vLLM compiles the parameters into a grammar when the tool must be called.
+        if schema is not None:
+            check_patterns(schema)
+        return schema
+
 
 class Tool(OpenAIModel):
     type: Literal["function"]
@@ -172,7 +180,7 @@ def check_json_schema(schema: dict[str, Any] | None) -> dict[str, Any] | None:
     if schema is not None:
         try:
             Draft202012Validator.check_schema(schema)
-            check_patterns(schema, "schema")
+            check_patterns(schema)
         except SchemaError as exc:
             raise ValueError(f"not a valid JSON schema: {exc.message}") from None
         except RecursionError:
