@@ -211,29 +211,6 @@ def dead_letters_replay(
     typer.echo(f"replayed {len(replayed)} dead letter(s) onto the usage stream")
 
 
-@billing_app.command("merge-legacy-budgets")
-def merge_legacy_budgets_command() -> None:
-    """Merge the budgets a release before Redis Cluster support wrote into their orgs'
-    shards, so that an upgrade mid-month gives no org its allowance again. The billing
-    worker does it when it starts; run it again once the last old gateway has stopped.
-    Safe to repeat: a merged budget is deleted as it is merged."""
-    from billing.keyspace import Keyspace
-    from billing.legacy_keys import merge_legacy_budgets
-    from billing.redis_client import REDIS_FAILURES, parse_redis_url
-
-    redis, settings = _redis_and_settings()
-    if parse_redis_url(settings.redis_url).cluster:
-        typer.echo("a Redis Cluster holds no budgets of releases before sharding")
-        return
-    try:
-        merged = merge_legacy_budgets(
-            redis, Keyspace(settings.billing_shards, settings.usage_stream)
-        )
-    except REDIS_FAILURES as exc:
-        _fail(f"cannot reach Redis at CSTACK_REDIS_URL ({type(exc).__name__})")
-    typer.echo(f"merged {merged} budget(s)")
-
-
 def worker_billing(
     concurrency: int = typer.Option(2, help="Worker threads."),
     loglevel: str = typer.Option("INFO", help="Celery log level."),

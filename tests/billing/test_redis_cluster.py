@@ -15,10 +15,8 @@ from billing_support import admission_request, usage_for
 from gateway_processes import gateway_processes
 from openai import AuthenticationError, OpenAI
 from sqlalchemy import Engine, func, select
-from typer.testing import CliRunner
 from valkey_cluster import ValkeyCluster
 
-from billing.cli import billing_app
 from billing.consumer import UsageStreamConsumer
 from billing.events import usage_event
 from billing.ledger import UsageRow, make_engine, migrate
@@ -371,35 +369,6 @@ async def test_gateways_on_a_cluster_serve_meter_and_revoke(
         rows = connection.execute(select(UsageRow.prompt_tokens, UsageRow.completion_tokens)).all()
     reported = [(a.usage.prompt_tokens, a.usage.completion_tokens) for a in answers if a.usage]
     assert sorted(rows) == sorted(reported) and len(rows) == 2
-
-
-@on_session_loop
-async def test_an_upgrade_mid_month_keeps_each_orgs_spending(
-    billing_settings: BillingSettings,
-) -> None:
-    """A budget a release before sharding wrote (on one Redis) is merged into the org's
-    shard: an org that had used its cap stays refused, and merging again adds nothing."""
-    org = f"org-upgraded-{time.time_ns()}"
-    period = time.strftime("%Y-%m", time.gmtime())
-    legacy = f"cstack:budget:{{{org}}}:{period}"
-    old = sync_client(billing_settings.redis_url)
-    old.hset(legacy, mapping={"used": 10**15, "reserved": 0})  # far over any plan's cap
-    old.zadd(legacy + ":resv", {"req-old": 1})
-    env = {"CSTACK_REDIS_URL": billing_settings.redis_url}
-    first = CliRunner().invoke(billing_app, ["merge-legacy-budgets"], env=env)
-    assert first.exit_code == 0, first.output
-    assert first.stdout.startswith("merged ") and first.stdout.strip() != "merged 0 budget(s)"
-    assert not old.exists(legacy, legacy + ":resv")
-
-    meter = RedisMeter(billing_settings)
-    try:
-        assert (await budget(meter, org, period))["used"] == 10**15
-        with pytest.raises(AdmissionRefused, match="allowance"):
-            await meter.admit(admission_request(org=org))
-    finally:
-        await meter.aclose()
-    again = CliRunner().invoke(billing_app, ["merge-legacy-budgets"], env=env)
-    assert again.stdout.strip() == "merged 0 budget(s)"
 
 
 @on_session_loop
