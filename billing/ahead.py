@@ -1,7 +1,7 @@
 """Admissions made ahead: a busy key's next requests admitted in one Redis call.
 
 Admission is one script call per request. Its Redis round trip is shared with the other
-calls of the moment (``billing.batching``), but its Python is not: naming the keys,
+calls of the moment (``billing.redis.batching``), but its Python is not: naming the keys,
 packing the call, reading the reply, the wake-ups. A key that sends the same shape of
 request many times a second, far from its limits, has its next ones admitted here ahead
 of their arrival, ``batch`` at a time, by ``ADMIT_AHEAD``: the admission script itself,
@@ -54,14 +54,14 @@ from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from billing import metrics
-from billing.batching import Script, ScriptBatcher
-from billing.cluster import ClusterScripts
 from billing.headers import admission_headers
 from billing.keyspace import Keyspace
 from billing.lua import ADMIT_AHEAD, RELEASE_AHEAD
 from billing.meter import AdmissionRequest
-from billing.periods import period_bounds
-from billing.pricing import Charge, PriceBook, PriceBookError, worst_case_charge
+from billing.prices.periods import period_bounds
+from billing.prices.pricing import Charge, PriceBook, PriceBookError, worst_case_charge
+from billing.redis.batching import Script, ScriptBatcher
+from billing.redis.cluster import ClusterScripts
 
 logger = logging.getLogger(__name__)
 

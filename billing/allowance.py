@@ -46,8 +46,8 @@ from typing import Any
 from sqlalchemy import Connection, and_, case, func, or_, select
 
 from billing.ledger import UsageRow
-from billing.periods import period_bounds
-from billing.pricebook import PriceBook
+from billing.prices.periods import period_bounds
+from billing.prices.pricebook import PriceBook
 
 
 @dataclass(frozen=True)

@@ -37,8 +37,8 @@ def invoice_preview(
 
     from billing.invoice import invoice_preview as build_preview
     from billing.ledger import make_engine, migrate
-    from billing.periods import current_period
-    from billing.pricing import PriceBookError, pricebook_from_path
+    from billing.prices.periods import current_period
+    from billing.prices.pricing import PriceBookError, pricebook_from_path
     from billing.settings import BillingSettings
 
     settings = BillingSettings()
@@ -78,8 +78,8 @@ def reconcile(
     from sqlalchemy.exc import SQLAlchemyError
 
     from billing.ledger import make_engine, migrate
-    from billing.periods import period_bounds
-    from billing.pricing import PriceBookError, pricebook_from_path
+    from billing.prices.periods import period_bounds
+    from billing.prices.pricing import PriceBookError, pricebook_from_path
     from billing.reconcile import CannotReconcile
     from billing.reconcile import reconcile as compare
     from billing.reconcile_all import reconcile_all
@@ -142,7 +142,7 @@ billing_app.add_typer(dead_letters_app, name="dead-letters")
 def _redis_and_settings() -> tuple[Redis, BillingSettings]:
     from pydantic import ValidationError
 
-    from billing.redis_client import RedisUrlError, sync_client
+    from billing.redis.client import RedisUrlError, sync_client
     from billing.settings import BillingSettings
 
     try:
@@ -163,7 +163,7 @@ def dead_letters_list(
 ) -> None:
     """Print each dead letter: its id, the request it bills, and why it was set aside."""
     from billing.dead_letters import list_dead_letters
-    from billing.redis_client import REDIS_FAILURES
+    from billing.redis.client import REDIS_FAILURES
 
     redis, settings = _redis_and_settings()
     try:
@@ -190,7 +190,7 @@ def dead_letters_replay(
     Replaying is safe to repeat: the ledger ignores an event id it already holds.
     """
     from billing.dead_letters import ReplayInterrupted, replay_dead_letters
-    from billing.redis_client import REDIS_FAILURES
+    from billing.redis.client import REDIS_FAILURES
 
     if bool(entry_ids) == replay_all:
         _fail("give dead-letter ids or --all (not both)")
@@ -219,7 +219,7 @@ def worker_billing(
     from prometheus_client import start_http_server
     from sqlalchemy.exc import SQLAlchemyError
 
-    from billing.redis_client import REDIS_FAILURES
+    from billing.redis.client import REDIS_FAILURES
     from billing.worker import celery_app, prepare, settings
 
     try:

@@ -16,7 +16,7 @@ import pydantic_core
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 from billing.meter import Admission, Outcome, UsageReport
-from billing.pricing import PriceBook, charge
+from billing.prices.pricing import PriceBook, charge
 from billing.reporting import RECEIPTS_PATH
 from serving.vocabulary import Tier
 

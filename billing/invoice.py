@@ -17,9 +17,9 @@ from sqlalchemy import Connection, Engine, func, select
 
 from billing.allowance import in_month, month_allowance
 from billing.ledger import UsageAdjustment, UsageRow
-from billing.money import format_cents, round_to_cents
-from billing.periods import period_bounds
-from billing.pricebook import PriceBook, PriceBookError
+from billing.prices.money import format_cents, round_to_cents
+from billing.prices.periods import period_bounds
+from billing.prices.pricebook import PriceBook, PriceBookError
 
 #: Keys of the lines that are not usage (usage lines are ``tier.direction.price_version``).
 PROMOTION_LINE = "promotion"

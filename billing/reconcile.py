@@ -19,9 +19,9 @@ from sqlalchemy import Connection, Engine, exists, select
 from billing.customers import org_customer
 from billing.invoice import read_invoice
 from billing.ledger import StripeInvoiceItem, UsageAdjustment, UsageRow
-from billing.money import format_cents
-from billing.periods import period_bounds
-from billing.pricebook import PriceBook
+from billing.prices.money import format_cents
+from billing.prices.periods import period_bounds
+from billing.prices.pricebook import PriceBook
 from billing.stripe_api import (
     LINE,
     ORG,

@@ -27,9 +27,9 @@ from billing import metrics
 from billing.customers import org_customer
 from billing.invoice import read_invoice
 from billing.ledger import StripeInvoiceItem, UsageAdjustment, UsageRow
-from billing.money import NANO_PER_CENT, format_cents
-from billing.periods import period_bounds
-from billing.pricebook import PriceBook
+from billing.prices.money import NANO_PER_CENT, format_cents
+from billing.prices.periods import period_bounds
+from billing.prices.pricebook import PriceBook
 from billing.reconcile import Reconciliation, compare_org, stripe_customers
 from billing.stripe_api import ORG, StripeItem, list_invoice_items, upcoming_invoice_total
 

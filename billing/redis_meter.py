@@ -1,7 +1,7 @@
 """The real Meter: admission and settlement against Redis, usage events to a stream.
 
 ``admit`` runs one Lua script (rate limits, suspension, cost reservation), sharing a Redis
-round trip with the other requests' calls of the moment (``billing.batching``). ``settle``
+round trip with the other requests' calls of the moment (``billing.redis.batching``). ``settle``
 runs another (release the reservation, count the actual cost, append the usage event),
 one call for the settlements of a few milliseconds (``billing.settlement``). Reservations
 of requests in flight are renewed in the background, every third of their TTL
@@ -9,7 +9,7 @@ of requests in flight are renewed in the background, every third of their TTL
 (``billing.usage_writer``) and admission refuses or admits on a bounded per-process
 allowance, as configured (``billing.outage``).
 
-Keys are named by ``billing.keyspace``. On a Redis Cluster (``billing.cluster``) each
+Keys are named by ``billing.keyspace``. On a Redis Cluster (``billing.redis.cluster``) each
 call goes to the primary of its org's shard: a settlement batch and a renewal make one
 call per shard.
 """
@@ -27,19 +27,19 @@ from redis import exceptions as redis_errors
 
 from billing import metrics
 from billing.ahead import ADMIT_AHEAD_SCRIPT, RELEASE_AHEAD_SCRIPT, AdmissionsAhead, headroom
-from billing.batching import Script, ScriptBatcher
-from billing.cluster import ClusterScripts
 from billing.events import answer_cost, usage_event_fields, usage_event_json
 from billing.headers import admission_headers
 from billing.keyspace import Keyspace
 from billing.lua import ADMIT, RENEW
 from billing.meter import Admission, AdmissionRefused, AdmissionRequest, UsageReport
 from billing.outage import SLOT_MOVING, LocalAllowance, billing_unavailable, unreachable
-from billing.periods import period_of
-from billing.pricing import PriceBook, PriceBookError, pricebook_from_path, worst_case_charge
-from billing.redis_client import AsyncClient, async_client, parse_redis_url
+from billing.prices.periods import period_of
+from billing.prices.pricing import PriceBook, PriceBookError, pricebook_from_path, worst_case_charge
+from billing.redis.batching import Script, ScriptBatcher
+from billing.redis.client import AsyncClient, async_client, parse_redis_url
+from billing.redis.cluster import ClusterScripts
+from billing.redis.resp import RespConnection
 from billing.reservations import ReservationKeeper
-from billing.resp import RespConnection
 from billing.settings import BillingSettings
 from billing.settlement import Record, SettlementQueue
 from billing.spool import UsageSpool

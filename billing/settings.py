@@ -14,7 +14,7 @@ from pydantic import Field, SecretStr, model_validator
 
 from serving.settings import CstackSettings
 
-DEFAULT_PRICEBOOK_PATH = Path(__file__).with_name("pricebook.yaml")
+DEFAULT_PRICEBOOK_PATH = Path(__file__).parent / "prices" / "pricebook.yaml"
 
 
 class BillingSettings(CstackSettings):

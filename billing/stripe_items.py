@@ -33,8 +33,8 @@ from sqlalchemy import Connection, insert, select, update
 from billing.customers import org_customer
 from billing.invoice import InvoiceLine, read_invoice
 from billing.ledger import StripeInvoiceItem
-from billing.money import NANO_PER_CENT
-from billing.pricebook import PriceBook
+from billing.prices.money import NANO_PER_CENT
+from billing.prices.pricebook import PriceBook
 from billing.stripe_api import KIND, LINE, ORG, PERIOD, REVISION
 
 MAX_IDEMPOTENCY_KEY = 255

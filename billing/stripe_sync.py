@@ -38,8 +38,8 @@ from billing import metrics
 from billing.customers import orgs_without_customer
 from billing.ledger import InvoiceChange, OrgCustomer, StripeInvoiceItem
 from billing.ledger.writes import queue_invoice_changes
-from billing.periods import period_bounds, period_of
-from billing.pricebook import PriceBook, PriceBookError
+from billing.prices.periods import period_bounds, period_of
+from billing.prices.pricebook import PriceBook, PriceBookError
 from billing.settings import BillingSettings
 from billing.stripe_api import (
     LINE,

@@ -15,9 +15,9 @@ from sqlalchemy import Connection, Engine, func, literal, select
 
 from billing.allowance import Split, month_allowance
 from billing.ledger import UsageAdjustment, UsageRow
-from billing.money import format_nano_usd
-from billing.periods import period_bounds, period_of
-from billing.pricebook import PriceBook
+from billing.prices.money import format_nano_usd
+from billing.prices.periods import period_bounds, period_of
+from billing.prices.pricebook import PriceBook
 
 #: Per bucket: list cost = what the allowance covered + overage; the amount due is the
 #: overage plus adjustments.

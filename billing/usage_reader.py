@@ -18,8 +18,8 @@ from sqlalchemy import inspect
 from sqlalchemy.exc import SQLAlchemyError
 
 from billing.ledger import UsageAdjustment, UsageRow, make_engine, schema_is_current
-from billing.pricebook import PriceBook
-from billing.pricing import pricebook_from_path
+from billing.prices.pricebook import PriceBook
+from billing.prices.pricing import pricebook_from_path
 from billing.receipts import final_before, find_receipt, list_receipts, month_csv
 from billing.reporting import ReceiptQuery, UsageUnavailable
 from billing.summary import usage_summary

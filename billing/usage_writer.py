@@ -24,11 +24,11 @@ from redis import exceptions as redis_errors
 from redis._parsers.base import BaseParser
 
 from billing import metrics
-from billing.batching import Script, ScriptBatcher
-from billing.cluster import ClusterScripts
 from billing.keyspace import Keyspace
 from billing.lua import SETTLE
-from billing.redis_client import AsyncClient
+from billing.redis.batching import Script, ScriptBatcher
+from billing.redis.client import AsyncClient
+from billing.redis.cluster import ClusterScripts
 from billing.settlement import Record
 from billing.spool import UsageSpool
 

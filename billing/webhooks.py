@@ -30,7 +30,7 @@ from billing.ledger import (
     migrate,
 )
 from billing.ledger.writes import dialect_insert, insert_ignoring_duplicates
-from billing.redis_client import SyncClient, async_client
+from billing.redis.client import SyncClient, async_client
 from billing.settings import BillingSettings
 
 SUSPENDING = "invoice.payment_failed"

@@ -20,10 +20,10 @@ from sqlalchemy import Engine
 from billing.consumer import UsageStreamConsumer
 from billing.keyspace import Keyspace
 from billing.ledger import make_engine, migrate
-from billing.periods import period_bounds, period_of
-from billing.pricing import pricebook_from_path
+from billing.prices.periods import period_bounds, period_of
+from billing.prices.pricing import pricebook_from_path
 from billing.reconcile_all import export, reconcile_all
-from billing.redis_client import SyncClient, parse_redis_url, sync_client
+from billing.redis.client import SyncClient, parse_redis_url, sync_client
 from billing.settings import BillingSettings
 from billing.stripe_api import stripe_client
 from billing.stripe_sync import sync_stripe

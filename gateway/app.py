@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from billing.accounts import BillingAccounts, UnbilledAccounts
 from billing.meter import Meter
-from billing.redis_client import AsyncClient, async_client, connect_early
+from billing.redis.client import AsyncClient, async_client, connect_early
 from billing.reporting import UsageReader
 from gateway.admin import build_admin_router
 from gateway.auth import Authenticator

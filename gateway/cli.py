@@ -247,7 +247,7 @@ def _with_store(action: Callable[[Any], Awaitable[T]]) -> T:
     """Run ``action`` on the key store; what the store refuses (an unknown org, a bad
     id...), an unreachable Redis or ledger ends the command with a one-line error."""
     from billing.accounts import AccountsUnavailable
-    from billing.redis_client import REDIS_FAILURES, RedisUrlError, async_client
+    from billing.redis.client import REDIS_FAILURES, RedisUrlError, async_client
     from gateway.keys import KeyStore, KeyStoreError
 
     settings = _settings()

@@ -23,7 +23,7 @@ from datetime import UTC, date, datetime
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from billing.periods import period_bounds
+from billing.prices.periods import period_bounds
 from billing.reporting import (
     MAX_RECEIPTS_PER_PAGE,
     RECEIPTS_PATH,

@@ -15,7 +15,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from billing.events import UsageEvent
 from billing.ledger.schema import InvoiceChange, UsageAdjustment, UsageRow
-from billing.periods import period_of
+from billing.prices.periods import period_of
 
 
 def dialect_insert(connection: Connection, table: Any) -> Any:

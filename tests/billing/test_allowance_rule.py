@@ -27,8 +27,8 @@ from billing.invoice import invoice_preview
 from billing.ledger import UsageRow, add_adjustment, insert_usage_events, make_engine, migrate
 from billing.lua import BUDGET_UNITS
 from billing.meter import AdmissionRefused, UsageReport
-from billing.pricebook import PriceBook
-from billing.pricing import load_pricebook
+from billing.prices.pricebook import PriceBook
+from billing.prices.pricing import load_pricebook
 from billing.redis_meter import RedisMeter
 from billing.settings import BillingSettings
 from billing.summary import usage_summary

@@ -1,4 +1,4 @@
-"""Script calls on one pipelined connection (``billing.batching``, ``billing.resp``),
+"""Script calls on one pipelined connection (``billing.redis.batching``, ``billing.redis.resp``),
 against a real Valkey: each caller gets its own reply in call order, concurrent calls
 share writes (and calls made while a write is unanswered go together once it is
 answered), scripts are sent again after Redis forgets them, a connection that cannot be
@@ -20,8 +20,8 @@ import pytest
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 
-from billing.batching import Script, ScriptBatcher
-from billing.resp import RespConnection, command
+from billing.redis.batching import Script, ScriptBatcher
+from billing.redis.resp import RespConnection, command
 
 #: Appends ARGV[1] to the list KEYS[1] and returns the list's new length.
 APPEND = Script("return redis.call('RPUSH', KEYS[1], ARGV[1])")

@@ -11,8 +11,8 @@ from multiprocessing import get_context
 import redis
 from billing_support import hammer_meter, keyspace, usage_entries
 
-from billing.periods import period_of
-from billing.pricing import load_pricebook
+from billing.prices.periods import period_of
+from billing.prices.pricing import load_pricebook
 from billing.settings import BillingSettings
 
 

@@ -31,7 +31,7 @@ from gateway_processes import gateway_processes
 from redis.asyncio import Redis
 from usage_upstream import SLOW_SEED
 
-from billing.pricing import load_pricebook, worst_case_charge
+from billing.prices.pricing import load_pricebook, worst_case_charge
 from billing.settings import BillingSettings
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

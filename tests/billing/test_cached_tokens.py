@@ -27,7 +27,7 @@ from sqlalchemy import select
 from billing.consumer import UsageStreamConsumer
 from billing.invoice import invoice_preview
 from billing.ledger import UsageRow, make_engine, migrate
-from billing.pricing import load_pricebook
+from billing.prices.pricing import load_pricebook
 from billing.settings import BillingSettings
 from serving.process import ManagedProcess, free_port
 from serving.tiny import build_tiny_checkpoint

@@ -17,7 +17,7 @@ from gateway_processes import gateway_processes
 
 from billing.consumer import UsageStreamConsumer
 from billing.ledger import make_engine, migrate
-from billing.pricing import load_pricebook
+from billing.prices.pricing import load_pricebook
 from billing.settings import BillingSettings
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="session")]

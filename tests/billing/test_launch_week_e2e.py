@@ -35,8 +35,8 @@ from billing.cli import billing_app
 from billing.consumer import UsageStreamConsumer
 from billing.invoice import invoice_preview
 from billing.ledger import make_engine, migrate
-from billing.periods import period_of
-from billing.pricing import load_pricebook
+from billing.prices.periods import period_of
+from billing.prices.pricing import load_pricebook
 from billing.settings import BillingSettings
 from billing.stripe_api import list_invoice_items, stripe_client
 from billing.stripe_sync import sync_stripe

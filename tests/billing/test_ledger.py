@@ -16,7 +16,7 @@ from billing.consumer import UsageStreamConsumer
 from billing.events import UsageEvent
 from billing.invoice import invoice_preview
 from billing.ledger import UsageRow, add_adjustment, insert_usage_events, make_engine, migrate
-from billing.pricing import load_pricebook
+from billing.prices.pricing import load_pricebook
 from billing.reporting import UsageUnavailable
 from billing.settings import DEFAULT_PRICEBOOK_PATH, BillingSettings
 from billing.summary import usage_summary

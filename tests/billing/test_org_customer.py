@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from billing.customers import LedgerAccounts, org_customer
 from billing.ledger import InvoiceChange, insert_usage_events, make_engine, migrate
 from billing.meter import UnmeteredMeter
-from billing.pricing import load_pricebook
+from billing.prices.pricing import load_pricebook
 from billing.reporting import UnmeteredUsageReader
 from billing.settings import BillingSettings
 from billing.stripe_api import list_invoice_items, stripe_client

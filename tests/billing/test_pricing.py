@@ -12,8 +12,8 @@ import pytest
 import yaml
 from billing_support import shipped_book
 
-from billing.money import format_cents, format_nano_usd, round_to_cents, usd_to_nano
-from billing.pricing import (
+from billing.prices.money import format_cents, format_nano_usd, round_to_cents, usd_to_nano
+from billing.prices.pricing import (
     PriceBookError,
     charge,
     load_pricebook,

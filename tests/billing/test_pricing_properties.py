@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given
 from hypothesis import strategies as st
 
-from billing.pricing import charge, load_pricebook
+from billing.prices.pricing import charge, load_pricebook
 from billing.settings import DEFAULT_PRICEBOOK_PATH
 
 BOOK = load_pricebook(DEFAULT_PRICEBOOK_PATH)

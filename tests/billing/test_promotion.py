@@ -22,7 +22,7 @@ from billing.consumer import UsageStreamConsumer
 from billing.invoice import invoice_preview
 from billing.ledger import UsageRow, make_engine, migrate
 from billing.meter import UsageReport
-from billing.pricing import load_pricebook
+from billing.prices.pricing import load_pricebook
 from billing.redis_meter import RedisMeter
 from billing.settings import BillingSettings
 

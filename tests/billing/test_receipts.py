@@ -19,8 +19,8 @@ from sqlalchemy import Engine
 
 from billing.invoice import invoice_preview
 from billing.ledger import insert_usage_events, make_engine, migrate
-from billing.pricebook import PriceBook
-from billing.pricing import load_pricebook
+from billing.prices.pricebook import PriceBook
+from billing.prices.pricing import load_pricebook
 from billing.receipts import CSV_COLUMNS, csv_cell, find_receipt, list_receipts, month_csv
 from billing.reporting import BadReceiptQuery, ReceiptNotUnique, ReceiptQuery
 

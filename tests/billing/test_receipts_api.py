@@ -24,8 +24,8 @@ from openai import OpenAI
 
 from billing.consumer import UsageStreamConsumer
 from billing.ledger import make_engine, migrate
-from billing.periods import period_of
-from billing.pricing import load_pricebook
+from billing.prices.periods import period_of
+from billing.prices.pricing import load_pricebook
 from billing.settings import BillingSettings
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="session")]

@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 
 from billing.cli import billing_app
 from billing.ledger import insert_usage_events, make_engine, migrate
-from billing.pricing import load_pricebook
+from billing.prices.pricing import load_pricebook
 from billing.settings import BillingSettings
 from billing.stripe_api import service_period, stripe_client
 from billing.stripe_sync import sync_stripe

@@ -21,8 +21,8 @@ from billing.consumer import UsageStreamConsumer
 from billing.events import usage_event
 from billing.ledger import UsageRow, make_engine, migrate
 from billing.meter import Admission, AdmissionRefused
-from billing.periods import period_of
-from billing.redis_client import RedisUrlError, async_client, parse_redis_url, sync_client
+from billing.prices.periods import period_of
+from billing.redis.client import RedisUrlError, async_client, parse_redis_url, sync_client
 from billing.redis_meter import RedisMeter
 from billing.settings import BillingSettings
 from billing.webhooks import WebhookService

@@ -21,8 +21,8 @@ from sqlalchemy import Engine, text
 
 from billing.invoice import invoice_preview
 from billing.ledger import insert_usage_events, make_engine, migrate
-from billing.pricebook import PriceBook
-from billing.pricing import load_pricebook
+from billing.prices.pricebook import PriceBook
+from billing.prices.pricing import load_pricebook
 from billing.reconcile import reconcile
 from billing.settings import BillingSettings
 from billing.stripe_api import StripeItem, list_invoice_items, stripe_client

@@ -31,7 +31,7 @@ from billing.consumer import UsageStreamConsumer
 from billing.invoice import invoice_preview
 from billing.ledger import make_engine, migrate
 from billing.meter import Admission, AdmissionRequest, UsageReport
-from billing.pricing import load_pricebook
+from billing.prices.pricing import load_pricebook
 from billing.redis_meter import RedisMeter
 from billing.settings import BillingSettings
 from billing.stripe_api import list_invoice_items, stripe_client

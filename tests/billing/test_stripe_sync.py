@@ -29,8 +29,8 @@ from billing.ledger import (
     make_engine,
     migrate,
 )
-from billing.pricebook import PriceBook
-from billing.pricing import charge, load_pricebook
+from billing.prices.pricebook import PriceBook
+from billing.prices.pricing import charge, load_pricebook
 from billing.settings import BillingSettings
 from billing.stripe_api import (
     create_invoice_item,

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from billing.events import UsageEvent, usage_event, usage_event_fields, usage_event_json
 from billing.meter import Admission, AdmissionRequest, UsageReport
-from billing.pricing import load_pricebook
+from billing.prices.pricing import load_pricebook
 from billing.settings import DEFAULT_PRICEBOOK_PATH
 
 BOOK = load_pricebook(DEFAULT_PRICEBOOK_PATH)

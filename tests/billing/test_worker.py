@@ -19,7 +19,7 @@ from sqlalchemy import func, select
 from billing.events import UsageEvent
 from billing.invoice import invoice_preview
 from billing.ledger import UsageRow, make_engine, migrate
-from billing.pricing import load_pricebook
+from billing.prices.pricing import load_pricebook
 from billing.settings import BillingSettings
 from billing.stripe_api import list_invoice_items, stripe_client
 from tests.support.fakes.stripe import StripeStandIn

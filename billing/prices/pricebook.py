@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from billing.money import usd_to_nano
+from billing.prices.money import usd_to_nano
 from serving.vocabulary import TIERS, Tier
 
 TOKENS_PER_MILLION = 1_000_000

@@ -3,7 +3,7 @@
 Every admitted request runs two Lua scripts (admission, settlement). Sent one by one
 through redis-py, each cost a connection checkout, a ``send`` and a read of its own: in
 the gateway's process that was about 370 µs of CPU per request, most of the price of
-metering. Here every call goes on one pipelined connection (``billing.resp``): the calls
+metering. Here every call goes on one pipelined connection (``billing.redis.resp``): the calls
 made in one turn of the event loop are written together, and each caller gets its own
 reply as it arrives. An idle gateway sends a lone call at once (no timer, no added
 latency); a busy one sends fewer, larger writes.
@@ -24,7 +24,7 @@ from typing import Any
 
 from redis import exceptions as redis_errors
 
-from billing.resp import Arg, RespConnection, command
+from billing.redis.resp import Arg, RespConnection, command
 
 
 class ReplicaLagging(redis_errors.TimeoutError):

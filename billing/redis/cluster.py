@@ -2,7 +2,7 @@
 
 A script call's keys are all in one slot (``billing.keyspace`` tags them by shard), so a
 call goes whole to one primary, on that primary's pipelined connection
-(``billing.resp``), batched with the other calls of the moment to the same node. The slot
+(``billing.redis.resp``), batched with the other calls of the moment to the same node. The slot
 map comes from ``CLUSTER SLOTS``, asked of any node that answers.
 
 What the cluster says is followed: MOVED (the slot has a new owner: a failover, a
@@ -41,9 +41,9 @@ from typing import Any
 from redis import exceptions as redis_errors
 from redis.crc import key_slot
 
-from billing.batching import ReplicaLagging, Script, ScriptBatcher
-from billing.redis_client import RedisTarget
-from billing.resp import Arg, RespConnection, command
+from billing.redis.batching import ReplicaLagging, Script, ScriptBatcher
+from billing.redis.client import RedisTarget
+from billing.redis.resp import Arg, RespConnection, command
 
 logger = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import NamedTuple
 
-from billing.money import format_nano_usd, usd_to_nano
-from billing.pricebook import (
+from billing.prices.money import format_nano_usd, usd_to_nano
+from billing.prices.pricebook import (
     Plan,
     PriceBook,
     PriceBookError,
