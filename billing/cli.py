@@ -35,8 +35,8 @@ def invoice_preview(
     """Print the period's invoice lines for ORG, each rounded to cents once."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from billing.invoice import invoice_preview as build_preview
     from billing.ledger import make_engine, migrate
+    from billing.ledger.invoice import invoice_preview as build_preview
     from billing.prices.periods import current_period
     from billing.prices.pricing import PriceBookError, pricebook_from_path
     from billing.settings import BillingSettings
@@ -80,12 +80,12 @@ def reconcile(
     from billing.ledger import make_engine, migrate
     from billing.prices.periods import period_bounds
     from billing.prices.pricing import PriceBookError, pricebook_from_path
-    from billing.reconcile import CannotReconcile
-    from billing.reconcile import reconcile as compare
-    from billing.reconcile_all import reconcile_all
     from billing.settings import BillingSettings
-    from billing.stripe_api import stripe_client
-    from billing.stripe_sync import first_open_period
+    from billing.stripe.api import stripe_client
+    from billing.stripe.reconcile import CannotReconcile
+    from billing.stripe.reconcile import reconcile as compare
+    from billing.stripe.reconcile_all import reconcile_all
+    from billing.stripe.sync import first_open_period
 
     if bool(org) == all_orgs:
         _fail("give --org ORG or --all (not both)", code=2)
@@ -162,7 +162,7 @@ def dead_letters_list(
     limit: int = typer.Option(100, min=1, help="Show at most this many, oldest first."),
 ) -> None:
     """Print each dead letter: its id, the request it bills, and why it was set aside."""
-    from billing.dead_letters import list_dead_letters
+    from billing.ledger.dead_letters import list_dead_letters
     from billing.redis.client import REDIS_FAILURES
 
     redis, settings = _redis_and_settings()
@@ -189,7 +189,7 @@ def dead_letters_replay(
 
     Replaying is safe to repeat: the ledger ignores an event id it already holds.
     """
-    from billing.dead_letters import ReplayInterrupted, replay_dead_letters
+    from billing.ledger.dead_letters import ReplayInterrupted, replay_dead_letters
     from billing.redis.client import REDIS_FAILURES
 
     if bool(entry_ids) == replay_all:

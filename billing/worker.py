@@ -17,17 +17,17 @@ from celery import Celery
 from celery.schedules import crontab
 from sqlalchemy import Engine
 
-from billing.consumer import UsageStreamConsumer
-from billing.keyspace import Keyspace
 from billing.ledger import make_engine, migrate
+from billing.ledger.consumer import UsageStreamConsumer
+from billing.meter.keyspace import Keyspace
 from billing.prices.periods import period_bounds, period_of
 from billing.prices.pricing import pricebook_from_path
-from billing.reconcile_all import export, reconcile_all
 from billing.redis.client import SyncClient, parse_redis_url, sync_client
 from billing.settings import BillingSettings
-from billing.stripe_api import stripe_client
-from billing.stripe_sync import sync_stripe
-from billing.webhooks import restore_suspensions
+from billing.stripe.api import stripe_client
+from billing.stripe.reconcile_all import export, reconcile_all
+from billing.stripe.sync import sync_stripe
+from billing.stripe.webhooks import restore_suspensions
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def make_celery(settings: BillingSettings) -> Celery:
                 "options": {"expires": settings.stripe_sync_interval_s},
             },
             "reconcile-all": {
-                "task": "billing.reconcile_all",
+                "task": "billing.stripe.reconcile_all",
                 "schedule": crontab(minute=0, hour=settings.reconcile_hour_utc),
                 "options": {"expires": 3600.0},
             },
@@ -145,7 +145,7 @@ def reconcile_periods(now: datetime, current: BillingSettings = settings) -> lis
     return periods
 
 
-@celery_app.task(name="billing.reconcile_all")
+@celery_app.task(name="billing.stripe.reconcile_all")
 def reconcile_all_task(periods: list[str] | None = None) -> dict[str, Any]:
     """`cstack billing reconcile --all` for ``periods`` (beat's: ``reconcile_periods``), its
     totals exported as metrics (alerts BillingReconcileDifference, BillingReconcileStale)."""

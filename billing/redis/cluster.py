@@ -1,6 +1,6 @@
 """The meter's scripts on a Redis Cluster: each call to the primary of its keys' slot.
 
-A script call's keys are all in one slot (``billing.keyspace`` tags them by shard), so a
+A script call's keys are all in one slot (``billing.meter.keyspace`` tags them by shard), so a
 call goes whole to one primary, on that primary's pipelined connection
 (``billing.redis.resp``), batched with the other calls of the moment to the same node. The slot
 map comes from ``CLUSTER SLOTS``, asked of any node that answers.

@@ -19,11 +19,11 @@ import yaml
 from redis.asyncio import Redis
 from sqlalchemy import Engine
 
-from billing.customers import set_org_customer
-from billing.events import UsageEvent
-from billing.keyspace import Keyspace
-from billing.meter import AdmissionRequest, UsageReport
+from billing.meter.events import UsageEvent
+from billing.meter.keyspace import Keyspace
+from billing.meter.protocol import AdmissionRequest, UsageReport
 from billing.settings import DEFAULT_PRICEBOOK_PATH, BillingSettings
+from billing.stripe.customers import set_org_customer
 from gateway.keys import ApiKey, KeyStore
 from serving.vocabulary import Tier
 
@@ -229,8 +229,8 @@ def hammer_meter(settings_json: str, org: str, requests: int, seed: int) -> tupl
     import asyncio
     import random
 
-    from billing.meter import AdmissionRefused
-    from billing.redis_meter import RedisMeter
+    from billing.meter.protocol import AdmissionRefused
+    from billing.meter.redis_meter import RedisMeter
     from billing.settings import BillingSettings
 
     settings = BillingSettings.model_validate_json(settings_json)

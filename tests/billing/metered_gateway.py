@@ -12,8 +12,8 @@ from __future__ import annotations
 import faulthandler
 import signal
 
-from billing import create_accounts, create_meter, create_usage_reader
-from billing.http import router
+from billing.contract import create_accounts, create_meter, create_usage_reader
+from billing.stripe.router import router
 from gateway.app import create_app
 from gateway.server import serve
 from gateway.settings import GatewaySettings

@@ -12,8 +12,8 @@ from dataclasses import replace
 import pytest
 from billing_support import admission_request, usage_for
 
-from billing.meter import AdmissionRefused
-from billing.redis_meter import RedisMeter
+from billing.meter.protocol import AdmissionRefused
+from billing.meter.redis_meter import RedisMeter
 from billing.settings import BillingSettings
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -216,7 +216,7 @@ async def test_one_failed_renewal_call_does_not_stop_the_others(
     reported after the others were renewed, not before."""
     import redis.exceptions
 
-    monkeypatch.setattr("billing.reservations.RENEW_BATCH", 1)
+    monkeypatch.setattr("billing.meter.reservations.RENEW_BATCH", 1)
     broken = await meter.admit(admission_request(org="org-renew-a", plan="tiny"))
     healthy = await meter.admit(admission_request(org="org-renew-b", plan="tiny"))
     period = str(broken.reservation_id).split("/")[0]

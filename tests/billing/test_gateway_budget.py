@@ -15,8 +15,8 @@ import redis
 from billing_support import create_org_key, keyspace, usage_entries
 from gateway_processes import gateway_processes
 
-from billing.consumer import UsageStreamConsumer
 from billing.ledger import make_engine, migrate
+from billing.ledger.consumer import UsageStreamConsumer
 from billing.prices.pricing import load_pricebook
 from billing.settings import BillingSettings
 

@@ -19,8 +19,8 @@ from gateway_processes import gateway_processes
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 
-from billing.consumer import UsageStreamConsumer
 from billing.ledger import UsageRow, make_engine, migrate
+from billing.ledger.consumer import UsageStreamConsumer
 from billing.settings import BillingSettings
 from serving.process import free_port
 from tests.support.waits import wait_until

@@ -32,14 +32,14 @@ from pydantic import SecretStr
 from typer.testing import CliRunner
 
 from billing.cli import billing_app
-from billing.consumer import UsageStreamConsumer
-from billing.invoice import invoice_preview
 from billing.ledger import make_engine, migrate
+from billing.ledger.consumer import UsageStreamConsumer
+from billing.ledger.invoice import invoice_preview
 from billing.prices.periods import period_of
 from billing.prices.pricing import load_pricebook
 from billing.settings import BillingSettings
-from billing.stripe_api import list_invoice_items, stripe_client
-from billing.stripe_sync import sync_stripe
+from billing.stripe.api import list_invoice_items, stripe_client
+from billing.stripe.sync import sync_stripe
 from tests.support.fakes.stripe import StripeStandIn
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="session")]

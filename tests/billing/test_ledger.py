@@ -12,15 +12,16 @@ from sqlalchemy.exc import DBAPIError
 from typer.testing import CliRunner
 
 from billing.cli import billing_app
-from billing.consumer import UsageStreamConsumer
-from billing.events import UsageEvent
-from billing.invoice import invoice_preview
-from billing.ledger import UsageRow, add_adjustment, insert_usage_events, make_engine, migrate
+from billing.ledger import UsageRow, make_engine, migrate
+from billing.ledger.consumer import UsageStreamConsumer
+from billing.ledger.invoice import invoice_preview
+from billing.ledger.reporting import UsageUnavailable
+from billing.ledger.summary import usage_summary
+from billing.ledger.usage_reader import LedgerUsageReader
+from billing.ledger.writes import add_adjustment, insert_usage_events
+from billing.meter.events import UsageEvent
 from billing.prices.pricing import load_pricebook
-from billing.reporting import UsageUnavailable
 from billing.settings import DEFAULT_PRICEBOOK_PATH, BillingSettings
-from billing.summary import usage_summary
-from billing.usage_reader import LedgerUsageReader
 
 DAY_ONE = datetime(2026, 11, 3, 10, 0, tzinfo=UTC)
 DAY_TWO = datetime(2026, 11, 4, 23, 59, 59, tzinfo=UTC)

@@ -19,14 +19,15 @@ from pydantic import SecretStr
 from sqlalchemy import Engine, select
 from typer.testing import CliRunner
 
-from billing.customers import LedgerAccounts, org_customer
-from billing.ledger import InvoiceChange, insert_usage_events, make_engine, migrate
-from billing.meter import UnmeteredMeter
+from billing.ledger import InvoiceChange, make_engine, migrate
+from billing.ledger.reporting import UnmeteredUsageReader
+from billing.ledger.writes import insert_usage_events
+from billing.meter.protocol import UnmeteredMeter
 from billing.prices.pricing import load_pricebook
-from billing.reporting import UnmeteredUsageReader
 from billing.settings import BillingSettings
-from billing.stripe_api import list_invoice_items, stripe_client
-from billing.stripe_sync import sync_stripe
+from billing.stripe.api import list_invoice_items, stripe_client
+from billing.stripe.customers import LedgerAccounts, org_customer
+from billing.stripe.sync import sync_stripe
 from deploy.cli import app as cli_app
 from gateway.settings import GatewaySettings
 from serving.process import free_port

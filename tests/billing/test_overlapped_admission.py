@@ -35,7 +35,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from usage_upstream import events, health, models
 
-from billing.meter import Admission, AdmissionRequest
+from billing.meter.protocol import Admission, AdmissionRequest
 from billing.settings import BillingSettings
 from gateway.admission import MAX_OVERLAPPED_PER_KEY, OVERLAP_HEADROOM, AdmissionStanding
 from gateway.keys import KeyStore

@@ -17,12 +17,13 @@ import pytest
 from billing_support import hand_event, write_test_book
 from sqlalchemy import Engine
 
-from billing.invoice import invoice_preview
-from billing.ledger import insert_usage_events, make_engine, migrate
+from billing.ledger import make_engine, migrate
+from billing.ledger.invoice import invoice_preview
+from billing.ledger.receipts import CSV_COLUMNS, csv_cell, find_receipt, list_receipts, month_csv
+from billing.ledger.reporting import BadReceiptQuery, ReceiptNotUnique, ReceiptQuery
+from billing.ledger.writes import insert_usage_events
 from billing.prices.pricebook import PriceBook
 from billing.prices.pricing import load_pricebook
-from billing.receipts import CSV_COLUMNS, csv_cell, find_receipt, list_receipts, month_csv
-from billing.reporting import BadReceiptQuery, ReceiptNotUnique, ReceiptQuery
 
 VERSIONS = [
     {

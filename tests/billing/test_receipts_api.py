@@ -22,8 +22,8 @@ from billing_support import create_org_key
 from gateway_processes import gateway_processes
 from openai import OpenAI
 
-from billing.consumer import UsageStreamConsumer
 from billing.ledger import make_engine, migrate
+from billing.ledger.consumer import UsageStreamConsumer
 from billing.prices.periods import period_of
 from billing.prices.pricing import load_pricebook
 from billing.settings import BillingSettings

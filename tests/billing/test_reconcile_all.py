@@ -24,11 +24,12 @@ from pydantic import SecretStr
 from typer.testing import CliRunner
 
 from billing.cli import billing_app
-from billing.ledger import insert_usage_events, make_engine, migrate
+from billing.ledger import make_engine, migrate
+from billing.ledger.writes import insert_usage_events
 from billing.prices.pricing import load_pricebook
 from billing.settings import BillingSettings
-from billing.stripe_api import service_period, stripe_client
-from billing.stripe_sync import sync_stripe
+from billing.stripe.api import service_period, stripe_client
+from billing.stripe.sync import sync_stripe
 from billing.worker import make_celery, reconcile_periods
 from serving.process import free_port
 from tests.support.fakes.stripe import StripeStandIn
@@ -153,7 +154,7 @@ def test_the_daily_run_in_the_real_worker_exports_the_difference(
     worker = billing_processes(
         ["worker", "billing"], settings.model_copy(update={"metrics_port": port})
     )
-    make_celery(settings).send_task("billing.reconcile_all", args=[["2026-11"]])
+    make_celery(settings).send_task("billing.stripe.reconcile_all", args=[["2026-11"]])
 
     def exported() -> dict[str, float]:
         try:
@@ -180,7 +181,7 @@ def test_the_daily_run_in_the_real_worker_exports_the_difference(
 def test_beat_runs_it_daily_for_the_last_month() -> None:
     settings = BillingSettings()
     schedule = make_celery(settings).conf.beat_schedule["reconcile-all"]
-    assert schedule["task"] == "billing.reconcile_all"
+    assert schedule["task"] == "billing.stripe.reconcile_all"
     assert schedule["schedule"].hour == {settings.reconcile_hour_utc}
     assert reconcile_periods(datetime(2027, 1, 3, 3, tzinfo=UTC), settings) == ["2026-12"]
     eager = settings.model_copy(update={"stripe_post_open_periods": True})

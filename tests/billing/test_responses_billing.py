@@ -17,8 +17,8 @@ from billing_support import create_org_key, usage_entries
 from gateway_processes import gateway_processes
 from openai import OpenAI
 
-from billing.consumer import UsageStreamConsumer
 from billing.ledger import make_engine, migrate
+from billing.ledger.consumer import UsageStreamConsumer
 from billing.prices.pricing import load_pricebook
 from billing.settings import BillingSettings
 

@@ -1,4 +1,4 @@
-"""Settlements sent together (``billing.settlement``), against the session's real Valkey:
+"""Settlements sent together (``billing.meter.settlement``), against the session's real Valkey:
 the settlements of a moment go in one script call, each applied exactly once with its own
 reservation released, whether its caller waits for it (``settle``) or not
 (``settle_nowait``, the gateway's); one record's bad key fails only that record (logged when
@@ -19,10 +19,10 @@ from billing_support import admission_request, usage_for
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 
-from billing.meter import AdmissionRefused
-from billing.redis_meter import RedisMeter
+from billing.meter.protocol import AdmissionRefused
+from billing.meter.redis_meter import RedisMeter
+from billing.meter.settlement import Record, SettlementQueue
 from billing.settings import BillingSettings
-from billing.settlement import Record, SettlementQueue
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -118,7 +118,7 @@ async def test_settlements_handed_over_without_waiting_are_applied_exactly_once(
     await meter.redis.set(meter.keys.budget_prefix("org-nowait-bad") + period, "not a hash")
     unpriceable = admission_request(org="org-nowait", key="key-batch", prompt=10)
     unpriceable_admission = await meter.admit(unpriceable)
-    with caplog.at_level(logging.ERROR, logger="billing.redis_meter"):
+    with caplog.at_level(logging.ERROR, logger="billing.meter.redis_meter"):
         meter.settle_nowait(bad_admission, usage_for(bad, completion=1))
         # More cached tokens than prompt tokens: priced when its batch goes, it fails alone.
         meter.settle_nowait(unpriceable_admission, usage_for(unpriceable, completion=1, cached=11))

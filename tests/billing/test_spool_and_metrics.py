@@ -10,10 +10,10 @@ import pytest
 from billing_support import admission_request, usage_for
 from prometheus_client import REGISTRY
 
-from billing.meter import AdmissionRefused
-from billing.redis_meter import RedisMeter
+from billing.meter.protocol import AdmissionRefused
+from billing.meter.redis_meter import RedisMeter
+from billing.meter.spool import UsageSpool
 from billing.settings import BillingSettings
-from billing.spool import UsageSpool
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

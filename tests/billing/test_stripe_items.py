@@ -19,14 +19,15 @@ from billing_support import hand_event, set_customers, write_test_book
 from pydantic import SecretStr
 from sqlalchemy import Engine, text
 
-from billing.invoice import invoice_preview
-from billing.ledger import insert_usage_events, make_engine, migrate
+from billing.ledger import make_engine, migrate
+from billing.ledger.invoice import invoice_preview
+from billing.ledger.writes import insert_usage_events
 from billing.prices.pricebook import PriceBook
 from billing.prices.pricing import load_pricebook
-from billing.reconcile import reconcile
 from billing.settings import BillingSettings
-from billing.stripe_api import StripeItem, list_invoice_items, stripe_client
-from billing.stripe_sync import sync_stripe
+from billing.stripe.api import StripeItem, list_invoice_items, stripe_client
+from billing.stripe.reconcile import reconcile
+from billing.stripe.sync import sync_stripe
 from tests.support.fakes.stripe import StripeStandIn
 
 #: November is due: it has been over for its grace hour.

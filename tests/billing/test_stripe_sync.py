@@ -18,28 +18,22 @@ from prometheus_client import REGISTRY
 from pydantic import SecretStr
 from sqlalchemy import Engine, func, select, update
 
-from billing import stripe_items
-from billing.events import UsageEvent
-from billing.invoice import invoice_preview
-from billing.ledger import (
-    InvoiceChange,
-    StripeInvoiceItem,
-    add_adjustment,
-    insert_usage_events,
-    make_engine,
-    migrate,
-)
+from billing.ledger import InvoiceChange, StripeInvoiceItem, make_engine, migrate
+from billing.ledger.invoice import invoice_preview
+from billing.ledger.writes import add_adjustment, insert_usage_events
+from billing.meter.events import UsageEvent
 from billing.prices.pricebook import PriceBook
 from billing.prices.pricing import charge, load_pricebook
 from billing.settings import BillingSettings
-from billing.stripe_api import (
+from billing.stripe import items as stripe_items
+from billing.stripe.api import (
     create_invoice_item,
     list_invoice_items,
     service_period,
     stripe_client,
     upcoming_invoice_total,
 )
-from billing.stripe_sync import idempotency_key, sync_stripe
+from billing.stripe.sync import idempotency_key, sync_stripe
 from tests.support.fakes.stripe import StripeStandIn
 
 #: November is due once it has been over for the grace period (an hour).

@@ -9,8 +9,8 @@ from datetime import UTC, timedelta, timezone
 from hypothesis import given
 from hypothesis import strategies as st
 
-from billing.events import UsageEvent, usage_event, usage_event_fields, usage_event_json
-from billing.meter import Admission, AdmissionRequest, UsageReport
+from billing.meter.events import UsageEvent, usage_event, usage_event_fields, usage_event_json
+from billing.meter.protocol import Admission, AdmissionRequest, UsageReport
 from billing.prices.pricing import load_pricebook
 from billing.settings import DEFAULT_PRICEBOOK_PATH
 

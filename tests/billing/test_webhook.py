@@ -16,12 +16,13 @@ from fastapi import FastAPI
 from pydantic import SecretStr
 from test_ledger import event
 
-from billing.http import router, webhook_service
-from billing.ledger import insert_usage_events, make_engine, migrate
-from billing.meter import AdmissionRefused
-from billing.redis_meter import RedisMeter
+from billing.ledger import make_engine, migrate
+from billing.ledger.writes import insert_usage_events
+from billing.meter.protocol import AdmissionRefused
+from billing.meter.redis_meter import RedisMeter
 from billing.settings import BillingSettings
-from billing.webhooks import WebhookService
+from billing.stripe.router import router, webhook_service
+from billing.stripe.webhooks import WebhookService
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 SECRET = "whsec_test_secret"

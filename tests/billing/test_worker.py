@@ -16,12 +16,12 @@ from billing_support import Process, set_customers, wait_for
 from pydantic import SecretStr
 from sqlalchemy import func, select
 
-from billing.events import UsageEvent
-from billing.invoice import invoice_preview
 from billing.ledger import UsageRow, make_engine, migrate
+from billing.ledger.invoice import invoice_preview
+from billing.meter.events import UsageEvent
 from billing.prices.pricing import load_pricebook
 from billing.settings import BillingSettings
-from billing.stripe_api import list_invoice_items, stripe_client
+from billing.stripe.api import list_invoice_items, stripe_client
 from tests.support.fakes.stripe import StripeStandIn
 
 EVENTS = 3000

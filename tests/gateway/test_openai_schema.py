@@ -23,8 +23,8 @@ import pytest
 from gateway_support import WEATHER_TOOL, GatewayServer, RecordingMeter
 from jsonschema import Draft202012Validator
 
-from billing.events import answer_cost
-from billing.meter import UsageReport
+from billing.contract import UsageReport
+from billing.meter.events import answer_cost
 from billing.prices.pricing import load_pricebook
 from billing.settings import DEFAULT_PRICEBOOK_PATH
 from gateway.sse import StreamRewriter, error_event

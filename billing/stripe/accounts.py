@@ -3,8 +3,8 @@
 The org owns its Stripe customer: the gateway's admin API and `cstack keys customer` set
 and change it here, and every invoice item of a month goes to it. The gateway keeps a
 copy on the org's record in Redis, which admission reads to refuse an org whose
-customer Stripe has suspended. Like ``billing.meter`` this module imports nothing from
-billing; the real one comes from ``billing.create_accounts``.
+customer Stripe has suspended. Like ``billing.meter.protocol`` this module imports nothing from
+billing; the real one comes from ``billing.contract.create_accounts``.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ ITEMS = sa.table(
 
 def _legacy_create_body(row: sa.Row) -> str:  # type: ignore[type-arg]
     """The parameters the previous release posted the item with (amount only), as the
-    sync keeps a creation's body (billing/stripe_sync.py)."""
+    sync keeps a creation's body (billing/stripe/sync.py)."""
     start = datetime.strptime(row.period, "%Y-%m").replace(tzinfo=UTC)
     end = (start + timedelta(days=32)).replace(day=1)
     params = {

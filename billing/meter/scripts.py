@@ -128,7 +128,7 @@ return {'ok', req[3], math.ceil(req[1] - now), tok[3], math.ceil(tok[1] - now), 
 """
 )
 
-# Settles a batch of requests (billing/settlement.py), each exactly once.
+# Settles a batch of requests (billing/meter/settlement.py), each exactly once.
 # Keys: five per request: its settled marker, its shard's usage stream, and its org's
 #       budget of the period: hash, reservations' expiries, their amounts. (On a Redis
 #       Cluster a batch holds one shard's requests: every key is in one slot.)
@@ -191,7 +191,7 @@ end
 return renewed
 """
 
-# Admits up to n requests of one key and shape ahead of their arrival (billing/ahead.py):
+# Admits up to n requests of one key and shape ahead of their arrival (meter/admit_ahead.py):
 # ADMIT's own check and update, run once per id, in one call, stopping at the first
 # refusal. Keys: ADMIT's. Argv: ADMIT's, with 6 unused, then 12.. the id of each admission.
 # Returns ADMIT's reply for each id up to and including the first that is not 'ok'.

@@ -1,4 +1,4 @@
-"""The real ``UsageReader`` (billing.reporting): an org's usage and receipts from the ledger.
+"""The real ``UsageReader`` (billing.ledger.reporting): an org's usage and receipts from the ledger.
 
 It only queries: a schema change belongs to `cstack billing migrate` (the billing worker
 runs it when it starts), never to a request. Until the schema is there (or while it is
@@ -18,11 +18,11 @@ from sqlalchemy import inspect
 from sqlalchemy.exc import SQLAlchemyError
 
 from billing.ledger import UsageAdjustment, UsageRow, make_engine, schema_is_current
+from billing.ledger.receipts import final_before, find_receipt, list_receipts, month_csv
+from billing.ledger.reporting import ReceiptQuery, UsageUnavailable
+from billing.ledger.summary import usage_summary
 from billing.prices.pricebook import PriceBook
 from billing.prices.pricing import pricebook_from_path
-from billing.receipts import final_before, find_receipt, list_receipts, month_csv
-from billing.reporting import ReceiptQuery, UsageUnavailable
-from billing.summary import usage_summary
 
 T = TypeVar("T")
 

@@ -36,7 +36,7 @@ def ratelimit_headers(
 
 
 def admission_headers(reply: Sequence[Any], *, rpm: int, tpm: int) -> dict[str, str]:
-    """The headers of an admission script's reply (``billing.lua.ADMIT``: the requests
+    """The headers of an admission script's reply (``billing.meter.scripts.ADMIT``: the requests
     and tokens remaining, and their resets in microseconds, at 1 to 4), granted or not."""
     return ratelimit_headers(
         rpm=rpm,

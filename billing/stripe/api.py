@@ -2,7 +2,7 @@
 deleted, read back), their invoices' state, and the upcoming invoice.
 
 One place for the client's configuration and for the request shapes, so that the sync
-(billing/stripe_sync.py) and `cstack billing reconcile` (billing/reconcile.py) read and
+(billing/stripe/sync.py) and `cstack billing reconcile` (billing/stripe/reconcile.py) read and
 write Stripe the same way.
 """
 
@@ -58,7 +58,7 @@ class StripeItem:
 def create_invoice_item(
     client: stripe.StripeClient, params: dict[str, Any], idempotency_key: str
 ) -> str:
-    """Post one item (``params``: billing.stripe_items builds them); its id."""
+    """Post one item (``params``: billing.stripe.items builds them); its id."""
     item = client.v1.invoice_items.create(
         params=params,  # type: ignore[arg-type]
         options={"idempotency_key": idempotency_key},

@@ -49,7 +49,7 @@ class Keyspace:
     def admission_keys(
         self, org_id: str, key_id: str, customer_id: str | None, period: str
     ) -> list[str]:
-        """The keys of the admission script (``billing.lua.ADMIT``), in its order: the
+        """The keys of the admission script (``billing.meter.scripts.ADMIT``), in its order: the
         key's rate limit, the org's and the customer's suspension flags, and the org's
         budget of ``period`` with its reservations' expiries and amounts."""
         budget = f"{self.budget_prefix(org_id)}{period}"

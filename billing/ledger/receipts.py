@@ -34,9 +34,9 @@ from sqlalchemy import Connection, Engine, Row, and_, or_, select
 
 from billing.allowance import MonthAllowance, month_allowance
 from billing.ledger import UsageRow
+from billing.ledger.reporting import BadReceiptQuery, ReceiptNotUnique, ReceiptQuery
 from billing.prices.periods import period_bounds, period_of
 from billing.prices.pricebook import PriceBook, PriceVersion
-from billing.reporting import BadReceiptQuery, ReceiptNotUnique, ReceiptQuery
 
 #: Response id prefixes that name the request id after them (vLLM's, from the request id
 #: the gateway sends it), and the Responses API's, which names it without its ``req_``.

@@ -7,8 +7,9 @@ response has ended, however it ended: ``Meter.settle`` waits until billing has t
 (in Redis, or spooled), ``Meter.settle_nowait`` hands it over and returns (for an answer
 already sent: the settlement goes with the others of the moment, its failure is logged).
 Money never crosses this boundary as a float. Reading usage back is a separate contract
-(``billing.reporting``), so nothing on the request path touches the SQL ledger. This module
-imports nothing from billing (the real meter comes from ``billing.create_meter``), so both
+(``billing.ledger.reporting``), so nothing on the request path touches the SQL ledger. This
+module imports nothing from billing (the real meter comes from
+``billing.contract.create_meter``, which re-exports this contract to the gateway), so both
 sides depend on it without a cycle.
 """
 

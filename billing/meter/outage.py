@@ -18,7 +18,7 @@ import logging
 
 from redis import exceptions as redis_errors
 
-from billing.meter import AdmissionRefused
+from billing.meter.protocol import AdmissionRefused
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """What the Stripe invoice items of an (org, month) should be, from the ledger's invoice lines.
 
-Each invoice line (billing/invoice.py) has one item at the org's Stripe customer, carrying
+Each invoice line (billing/ledger/invoice.py) has one item at the org's Stripe customer, carrying
 the line's whole amount in cents. A usage line's item shows its token quantity and unit
 price where Stripe can state them exactly: quantity x ``unit_amount_decimal`` (cents per
 token, at most 12 decimals) must be the line's nano-USD in whole cents, since Stripe
@@ -30,12 +30,12 @@ from typing import Any
 
 from sqlalchemy import Connection, insert, select, update
 
-from billing.customers import org_customer
-from billing.invoice import InvoiceLine, read_invoice
 from billing.ledger import StripeInvoiceItem
+from billing.ledger.invoice import InvoiceLine, read_invoice
 from billing.prices.money import NANO_PER_CENT
 from billing.prices.pricebook import PriceBook
-from billing.stripe_api import KIND, LINE, ORG, PERIOD, REVISION
+from billing.stripe.api import KIND, LINE, ORG, PERIOD, REVISION
+from billing.stripe.customers import org_customer
 
 MAX_IDEMPOTENCY_KEY = 255
 

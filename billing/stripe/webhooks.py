@@ -20,7 +20,6 @@ from typing import Any
 import stripe
 from sqlalchemy import Connection, Engine, select
 
-from billing.keyspace import Keyspace
 from billing.ledger import (
     OrgCustomer,
     OrgSuspension,
@@ -30,6 +29,7 @@ from billing.ledger import (
     migrate,
 )
 from billing.ledger.writes import dialect_insert, insert_ignoring_duplicates
+from billing.meter.keyspace import Keyspace
 from billing.redis.client import SyncClient, async_client
 from billing.settings import BillingSettings
 

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
 from billing.settings import BillingSettings
-from billing.webhooks import WebhookService, WebhookSignatureInvalid, verify
+from billing.stripe.webhooks import WebhookService, WebhookSignatureInvalid, verify
 
 router = APIRouter(tags=["billing"])
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 from redis import Redis
 
-from billing.events import UsageEvent
-from billing.keyspace import Keyspace
+from billing.meter.events import UsageEvent
+from billing.meter.keyspace import Keyspace
 from billing.settings import BillingSettings
 
 #: A whole stream entry id; a bare millisecond part would match several entries.

@@ -1,6 +1,6 @@
 """Which Stripe customer bills an org: the ledger's record (``org_customers``), one per org.
 
-The org owns its customer (billing.accounts): an admin sets and changes it, and every
+The org owns its customer (billing.stripe.accounts): an admin sets and changes it, and every
 invoice item of the org's months goes to it. Changing it queues the months whose items
 are with another customer for the Stripe sync. An org with usage and no customer keeps its months
 queued, never posted, until it has one: counted by ``cstack_orgs_without_stripe_customer``,
@@ -15,9 +15,9 @@ from datetime import UTC, datetime
 from sqlalchemy import Connection, select
 from sqlalchemy.exc import SQLAlchemyError
 
-from billing.accounts import AccountsUnavailable, check_customer_id
 from billing.ledger import OrgCustomer, StripeInvoiceItem, UsageRow, make_engine
 from billing.ledger.writes import dialect_insert, queue_invoice_changes
+from billing.stripe.accounts import AccountsUnavailable, check_customer_id
 
 
 def org_customer(connection: Connection, org_id: str) -> str | None:

@@ -16,13 +16,12 @@ from dataclasses import dataclass, field
 import stripe
 from sqlalchemy import Connection, Engine, exists, select
 
-from billing.customers import org_customer
-from billing.invoice import read_invoice
 from billing.ledger import StripeInvoiceItem, UsageAdjustment, UsageRow
+from billing.ledger.invoice import read_invoice
 from billing.prices.money import format_cents
 from billing.prices.periods import period_bounds
 from billing.prices.pricebook import PriceBook
-from billing.stripe_api import (
+from billing.stripe.api import (
     LINE,
     ORG,
     PERIOD,
@@ -30,7 +29,8 @@ from billing.stripe_api import (
     list_invoice_items,
     upcoming_invoice_total,
 )
-from billing.stripe_sync import pending_items
+from billing.stripe.customers import org_customer
+from billing.stripe.sync import pending_items
 
 #: How a Stripe item that carries none of the sync's metadata is named among the lines.
 NOT_FROM_LEDGER = "not from the ledger"

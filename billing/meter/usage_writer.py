@@ -1,6 +1,6 @@
 """Settled usage into Redis, or onto the disk spool when Redis does not take it.
 
-``UsageWriter.write`` is what ``billing.settlement.SettlementQueue`` sends each batch
+``UsageWriter.write`` is what ``billing.meter.settlement.SettlementQueue`` sends each batch
 through: one settle script call (on a Redis Cluster, one per shard) applies every record
 at most once, by its settled marker: its actual cost counted against the org's budget,
 its reservation released, its usage event appended to the shard's stream. Records Redis
@@ -24,13 +24,13 @@ from redis import exceptions as redis_errors
 from redis._parsers.base import BaseParser
 
 from billing import metrics
-from billing.keyspace import Keyspace
-from billing.lua import SETTLE
+from billing.meter.keyspace import Keyspace
+from billing.meter.scripts import SETTLE
+from billing.meter.settlement import Record
+from billing.meter.spool import UsageSpool
 from billing.redis.batching import Script, ScriptBatcher
 from billing.redis.client import AsyncClient
 from billing.redis.cluster import ClusterScripts
-from billing.settlement import Record
-from billing.spool import UsageSpool
 
 logger = logging.getLogger(__name__)
 

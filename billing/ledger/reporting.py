@@ -1,9 +1,9 @@
 """Billing's reporting contract with the gateway: an org's usage for ``GET /v1/usage`` and
 its receipts, one per request, for ``GET /v1/usage/requests``.
 
-Kept apart from ``billing.meter`` (the request path) because it reads the SQL ledger,
+Kept apart from ``billing.meter.protocol`` (the request path) because it reads the SQL ledger,
 which admission and settlement never touch. Like that module it imports nothing from
-billing; the real reader comes from ``billing.create_usage_reader``.
+billing; the real reader comes from ``billing.contract.create_usage_reader``.
 """
 
 from __future__ import annotations

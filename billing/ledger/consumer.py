@@ -1,6 +1,6 @@
 """Moves usage events from the Redis streams into the ledger, exactly once per event id.
 
-There is a usage stream per shard of billing's keys (``billing.keyspace``); a drain reads
+There is a usage stream per shard of billing's keys (``billing.meter.keyspace``); a drain reads
 them in turn, a batch from each, until all are empty.
 
 Entries are read through a consumer group and acknowledged only after the ledger commit,
@@ -26,9 +26,9 @@ from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from billing import metrics
-from billing.events import UsageEvent
-from billing.keyspace import Keyspace
-from billing.ledger import insert_usage_events
+from billing.ledger.writes import insert_usage_events
+from billing.meter.events import UsageEvent
+from billing.meter.keyspace import Keyspace
 from billing.settings import BillingSettings
 
 logger = logging.getLogger(__name__)

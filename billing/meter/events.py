@@ -15,9 +15,9 @@ from typing import Any
 import pydantic_core
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
-from billing.meter import Admission, Outcome, UsageReport
+from billing.ledger.reporting import RECEIPTS_PATH
+from billing.meter.protocol import Admission, Outcome, UsageReport
 from billing.prices.pricing import PriceBook, charge
-from billing.reporting import RECEIPTS_PATH
 from serving.vocabulary import Tier
 
 EVENT_SCHEMA_VERSION = 1

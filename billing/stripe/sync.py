@@ -5,7 +5,7 @@ Two steps, run by the billing worker (one at a time, under a Redis lock):
 ``plan_changed_invoices``: every ledger write queues its (org, period) in
 ``stripe_invoice_changes``. For each queued period that is due and whose org has a Stripe
 customer, one transaction recomputes the invoice from the ledger and points each line's
-item at it (billing/stripe_items.py: made, changed in place, removed, or an adjustment
+item at it (billing/stripe/items.py: made, changed in place, removed, or an adjustment
 once the item was finalized), then dequeues the period unless a write queued it again
 meanwhile.
 
@@ -35,13 +35,12 @@ from sqlalchemy import Connection, Engine, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 
 from billing import metrics
-from billing.customers import orgs_without_customer
 from billing.ledger import InvoiceChange, OrgCustomer, StripeInvoiceItem
 from billing.ledger.writes import queue_invoice_changes
 from billing.prices.periods import period_bounds, period_of
 from billing.prices.pricebook import PriceBook, PriceBookError
 from billing.settings import BillingSettings
-from billing.stripe_api import (
+from billing.stripe.api import (
     LINE,
     ORG,
     PERIOD,
@@ -54,7 +53,8 @@ from billing.stripe_api import (
     stripe_client,
     update_invoice_item,
 )
-from billing.stripe_items import (
+from billing.stripe.customers import orgs_without_customer
+from billing.stripe.items import (
     MAX_IDEMPOTENCY_KEY,
     ItemFields,
     idempotency_key,

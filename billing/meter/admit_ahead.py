@@ -54,10 +54,10 @@ from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from billing import metrics
-from billing.headers import admission_headers
-from billing.keyspace import Keyspace
-from billing.lua import ADMIT_AHEAD, RELEASE_AHEAD
-from billing.meter import AdmissionRequest
+from billing.meter.keyspace import Keyspace
+from billing.meter.protocol import AdmissionRequest
+from billing.meter.ratelimit_headers import admission_headers
+from billing.meter.scripts import ADMIT_AHEAD, RELEASE_AHEAD
 from billing.prices.periods import period_bounds
 from billing.prices.pricing import Charge, PriceBook, PriceBookError, worst_case_charge
 from billing.redis.batching import Script, ScriptBatcher
@@ -119,7 +119,7 @@ class Ahead(NamedTuple):
     member: str
     period: str
     headers: dict[str, str]
-    #: What Redis holds for it (budget units: billing.lua).
+    #: What Redis holds for it (budget units: billing.meter.scripts).
     reserved_nano_usd: int
     #: What its org counts as waiting for it: the shape's worst allowance cost when made.
     counted_nano: int

@@ -2,7 +2,7 @@
 customer's upcoming invoice against the ledger; the billing worker runs it daily.
 
 Every org with usage, adjustments or items in the month is compared line by line
-(billing.reconcile), each of its customers' items listed once for all its orgs. An org
+(billing.stripe.reconcile), each of its customers' items listed once for all its orgs. An org
 with usage and no Stripe customer cannot be compared: it is listed apart, with what its
 invoice would be. Then each customer's upcoming invoice (Stripe's total of the items not
 yet on an invoice, whatever their month) is explained: the ledger's amount of each
@@ -24,14 +24,14 @@ import stripe
 from sqlalchemy import Connection, Engine, select, union
 
 from billing import metrics
-from billing.customers import org_customer
-from billing.invoice import read_invoice
 from billing.ledger import StripeInvoiceItem, UsageAdjustment, UsageRow
+from billing.ledger.invoice import read_invoice
 from billing.prices.money import NANO_PER_CENT, format_cents
 from billing.prices.periods import period_bounds
 from billing.prices.pricebook import PriceBook
-from billing.reconcile import Reconciliation, compare_org, stripe_customers
-from billing.stripe_api import ORG, StripeItem, list_invoice_items, upcoming_invoice_total
+from billing.stripe.api import ORG, StripeItem, list_invoice_items, upcoming_invoice_total
+from billing.stripe.customers import org_customer
+from billing.stripe.reconcile import Reconciliation, compare_org, stripe_customers
 
 logger = logging.getLogger(__name__)
 

@@ -3,13 +3,13 @@
 ``admit`` runs one Lua script (rate limits, suspension, cost reservation), sharing a Redis
 round trip with the other requests' calls of the moment (``billing.redis.batching``). ``settle``
 runs another (release the reservation, count the actual cost, append the usage event),
-one call for the settlements of a few milliseconds (``billing.settlement``). Reservations
+one call for the settlements of a few milliseconds (``billing.meter.settlement``). Reservations
 of requests in flight are renewed in the background, every third of their TTL
-(``billing.reservations``). When Redis is unreachable, settlement goes to the disk spool
-(``billing.usage_writer``) and admission refuses or admits on a bounded per-process
-allowance, as configured (``billing.outage``).
+(``billing.meter.reservations``). When Redis is unreachable, settlement goes to the disk spool
+(``billing.meter.usage_writer``) and admission refuses or admits on a bounded per-process
+allowance, as configured (``billing.meter.outage``).
 
-Keys are named by ``billing.keyspace``. On a Redis Cluster (``billing.redis.cluster``) each
+Keys are named by ``billing.meter.keyspace``. On a Redis Cluster (``billing.redis.cluster``) each
 call goes to the primary of its org's shard: a settlement batch and a renewal make one
 call per shard.
 """
@@ -26,24 +26,29 @@ from typing import Any, cast
 from redis import exceptions as redis_errors
 
 from billing import metrics
-from billing.ahead import ADMIT_AHEAD_SCRIPT, RELEASE_AHEAD_SCRIPT, AdmissionsAhead, headroom
-from billing.events import answer_cost, usage_event_fields, usage_event_json
-from billing.headers import admission_headers
-from billing.keyspace import Keyspace
-from billing.lua import ADMIT, RENEW
-from billing.meter import Admission, AdmissionRefused, AdmissionRequest, UsageReport
-from billing.outage import SLOT_MOVING, LocalAllowance, billing_unavailable, unreachable
+from billing.meter.admit_ahead import (
+    ADMIT_AHEAD_SCRIPT,
+    RELEASE_AHEAD_SCRIPT,
+    AdmissionsAhead,
+    headroom,
+)
+from billing.meter.events import answer_cost, usage_event_fields, usage_event_json
+from billing.meter.keyspace import Keyspace
+from billing.meter.outage import SLOT_MOVING, LocalAllowance, billing_unavailable, unreachable
+from billing.meter.protocol import Admission, AdmissionRefused, AdmissionRequest, UsageReport
+from billing.meter.ratelimit_headers import admission_headers
+from billing.meter.reservations import ReservationKeeper
+from billing.meter.scripts import ADMIT, RENEW
+from billing.meter.settlement import Record, SettlementQueue
+from billing.meter.spool import UsageSpool
+from billing.meter.usage_writer import REDIS_DOWN, SETTLE_SCRIPT, UsageWriter
 from billing.prices.periods import period_of
 from billing.prices.pricing import PriceBook, PriceBookError, pricebook_from_path, worst_case_charge
 from billing.redis.batching import Script, ScriptBatcher
 from billing.redis.client import AsyncClient, async_client, parse_redis_url
 from billing.redis.cluster import ClusterScripts
 from billing.redis.resp import RespConnection
-from billing.reservations import ReservationKeeper
 from billing.settings import BillingSettings
-from billing.settlement import Record, SettlementQueue
-from billing.spool import UsageSpool
-from billing.usage_writer import REDIS_DOWN, SETTLE_SCRIPT, UsageWriter
 from serving.vocabulary import TIERS
 
 logger = logging.getLogger(__name__)
@@ -118,7 +123,7 @@ class RedisMeter:
         #: a cluster's failover takes some shards away while the others answer, and the
         #: outage (and its allowance) ends only when every one has answered again.
         self._down_shards: set[str] = set()
-        #: Busy keys' next requests, admitted ahead in one call (``billing.ahead``).
+        #: Busy keys' next requests, admitted ahead in one call (``billing.meter.admit_ahead``).
         self.ahead = AdmissionsAhead(
             self._scripts,
             self.keys,
@@ -140,7 +145,7 @@ class RedisMeter:
     # -- admission -----------------------------------------------------------------
 
     def admit_ready(self, request: AdmissionRequest) -> Admission | None:
-        """An admission made ahead for this request (``billing.ahead``), or None."""
+        """An admission made ahead for this request (``billing.meter.admit_ahead``), or None."""
         ahead = self.ahead.take(request)
         if ahead is None:
             return None
