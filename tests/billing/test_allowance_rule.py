@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 import redis
-from billing_support import admission_request, hand_event, write_test_book
 from sqlalchemy import Engine, select
 
 from billing.allowance import Split, budget_units, month_allowance, split
@@ -33,6 +32,8 @@ from billing.meter.scripts import BUDGET_UNITS
 from billing.prices.pricebook import PriceBook
 from billing.prices.pricing import load_pricebook
 from billing.settings import BillingSettings
+from tests.support.billing import write_test_book
+from tests.support.builders import admission_request, hand_event
 
 VERSIONS = [
     {

@@ -17,12 +17,12 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
-from billing_support import create_org_key, keyspace, usage_entries
-from gateway_processes import gateway_processes
 from openai import AsyncOpenAI
 
 from billing.settings import BillingSettings
 from serving.process import free_port
+from tests.support.billing import create_org_key, keyspace, usage_entries
+from tests.support.gateway_processes import gateway_processes
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 ORG = "org-busy-key"

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import redis
-from billing_support import TEST_VERSIONS, admission_request, write_test_book
 from sqlalchemy import select
 
 from billing.ledger import UsageRow, make_engine, migrate
@@ -25,6 +24,8 @@ from billing.meter.protocol import UsageReport
 from billing.meter.redis_meter import RedisMeter
 from billing.prices.pricing import load_pricebook
 from billing.settings import BillingSettings
+from tests.support.billing import TEST_VERSIONS, write_test_book
+from tests.support.builders import admission_request
 
 STARTED = datetime(2026, 11, 20, 9, 30, tzinfo=UTC)
 

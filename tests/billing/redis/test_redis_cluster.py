@@ -11,11 +11,8 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from billing_support import admission_request, usage_for
-from gateway_processes import gateway_processes
 from openai import AuthenticationError, OpenAI
 from sqlalchemy import Engine, func, select
-from valkey_cluster import ValkeyCluster
 
 from billing.ledger import UsageRow, make_engine, migrate
 from billing.ledger.consumer import UsageStreamConsumer
@@ -28,6 +25,9 @@ from billing.settings import BillingSettings
 from billing.stripe.webhooks import WebhookService
 from billing.worker import broker_url
 from gateway.keys import KeyStore
+from tests.support.builders import admission_request, usage_for
+from tests.support.fakes.valkey_cluster import ValkeyCluster
+from tests.support.gateway_processes import gateway_processes
 
 on_session_loop = pytest.mark.asyncio(loop_scope="session")
 

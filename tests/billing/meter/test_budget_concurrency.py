@@ -9,11 +9,11 @@ from datetime import datetime
 from multiprocessing import get_context
 
 import redis
-from billing_support import hammer_meter, keyspace, usage_entries
 
 from billing.prices.periods import period_of
 from billing.prices.pricing import load_pricebook
 from billing.settings import BillingSettings
+from tests.support.billing import hammer_meter, keyspace, usage_entries
 
 
 def test_200_concurrent_requests_from_two_processes_stay_within_budget(

@@ -1,7 +1,7 @@
 """Run the real gateway app with billing's real Meter, UsageReader and BillingAccounts,
 configured from CSTACK_* env.
 
-    python metered_gateway.py
+    python -m tests.support.metered_gateway   (from the repository root)
 
 (The app `cstack gateway` builds with billing on, plus a stack dump on SIGUSR1 for a test
 that sees a hung shutdown.)
@@ -12,8 +12,12 @@ from __future__ import annotations
 import faulthandler
 import signal
 
-from billing.contract import create_accounts, create_meter, create_usage_reader
-from billing.stripe.router import router
+from billing.contract import (
+    create_accounts,
+    create_meter,
+    create_usage_reader,
+    stripe_webhook_router,
+)
 from gateway.app import create_app
 from gateway.server import serve
 from gateway.settings import GatewaySettings
@@ -29,7 +33,7 @@ def main() -> None:
         create_usage_reader(),
         accounts=create_accounts(),
     )
-    app.include_router(router)
+    app.include_router(stripe_webhook_router())
     serve(app, settings.model_copy(update={"log_level": "warning"}))
 
 

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from billing_support import hand_event, write_test_book
 from prometheus_client import REGISTRY
 from pydantic import SecretStr
 from sqlalchemy import Engine, select
@@ -32,6 +31,8 @@ from deploy.cli import app as cli_app
 from gateway.settings import GatewaySettings
 from serving.process import free_port
 from tests.gateway.gateway_support import ADMIN_TOKEN, GatewayServer
+from tests.support.billing import write_test_book
+from tests.support.builders import hand_event
 from tests.support.fakes.stripe import StripeStandIn
 
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}

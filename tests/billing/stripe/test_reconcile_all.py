@@ -12,13 +12,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from billing_support import (
-    Process,
-    hand_event,
-    set_customers,
-    wait_for,
-    write_test_book,
-)
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 from typer.testing import CliRunner
@@ -32,7 +25,10 @@ from billing.stripe.api import service_period, stripe_client
 from billing.stripe.sync import sync_stripe
 from billing.worker import make_celery, reconcile_periods
 from serving.process import free_port
+from tests.support.billing import Process, set_customers, write_test_book
+from tests.support.builders import hand_event
 from tests.support.fakes.stripe import StripeStandIn
+from tests.support.waits import wait_until
 
 DECEMBER = datetime(2026, 12, 1, 2, 0, tzinfo=UTC)
 PLANS = {"none-included": {"included_usd": "0", "overage": "billed",
@@ -169,7 +165,7 @@ def test_the_daily_run_in_the_real_worker_exports_the_difference(
         }
         return samples if samples.get("cstack_billing_reconcile_last_run_timestamp_seconds") else {}
 
-    samples = wait_for(exported, 120, "the daily reconcile's metrics")
+    samples = wait_until(exported, "the daily reconcile's metrics", 120)
     assert samples["cstack_billing_reconcile_orgs_differing"] == 1
     assert samples["cstack_billing_reconcile_difference_nano_usd"] == 7 * 10_000_000
     assert samples["cstack_billing_reconcile_upcoming_difference_nano_usd"] == 7 * 10_000_000

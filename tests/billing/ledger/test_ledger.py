@@ -19,53 +19,19 @@ from billing.ledger.reporting import UsageUnavailable
 from billing.ledger.summary import usage_summary
 from billing.ledger.usage_reader import LedgerUsageReader
 from billing.ledger.writes import add_adjustment, insert_usage_events
-from billing.meter.events import UsageEvent
 from billing.prices.pricing import load_pricebook
 from billing.settings import DEFAULT_PRICEBOOK_PATH, BillingSettings
+from tests.support.builders import LEDGER_DAY_ONE as DAY_ONE
+from tests.support.builders import ledger_event
 
-DAY_ONE = datetime(2026, 11, 3, 10, 0, tzinfo=UTC)
 DAY_TWO = datetime(2026, 11, 4, 23, 59, 59, tzinfo=UTC)
-
-
-def event(
-    event_id: str, *, tier: str = "fast", at: datetime = DAY_ONE, **overrides: object
-) -> UsageEvent:
-    prices = {"fast": (3000, 15000), "standard": (500, 2500)}[tier]
-    values: dict[str, object] = {
-        "event_id": event_id,
-        "org_id": "org-ledger",
-        "key_id": "key-1",
-        "customer_id": "cus_ledger",
-        "plan": "pro",
-        "model": "composer-2.5",
-        "tier": tier,
-        "prompt_tokens": 1000,
-        "cached_tokens": 0,
-        "completion_tokens": 100,
-        "list_cost_nano_usd": 1000 * prices[0] + 100 * prices[1],
-        "allowance_cost_nano_usd": 1000 * prices[0] + 100 * prices[1],
-        "price_version": "2026-11-01",
-        "started_at": at,
-        "ended_at": at,
-        "outcome": "complete",
-    }
-    values.update(overrides)
-    return UsageEvent.model_validate(values)
-
-
-@pytest.fixture
-def ledger(ledger_url: str) -> Engine:
-    engine = make_engine(ledger_url)
-    migrate(engine)
-    migrate(engine)  # a second run is a no-op
-    return engine
 
 
 def test_usage_rows_are_deduplicated_and_append_only(ledger: Engine) -> None:
     with ledger.begin() as connection:
-        assert insert_usage_events(connection, [event("e1"), event("e2")]) == 2
+        assert insert_usage_events(connection, [ledger_event("e1"), ledger_event("e2")]) == 2
     with ledger.begin() as connection:
-        assert insert_usage_events(connection, [event("e2"), event("e3")]) == 1
+        assert insert_usage_events(connection, [ledger_event("e2"), ledger_event("e3")]) == 1
     with ledger.connect() as connection:
         assert connection.execute(select(func.count()).select_from(UsageRow)).scalar_one() == 3
     for statement in ("UPDATE usage_events SET prompt_tokens = 0", "DELETE FROM usage_events"):
@@ -117,11 +83,11 @@ def test_summary_by_day_and_tier_with_adjustments(
         insert_usage_events(
             connection,
             [
-                event("c", at=DAY_TWO, plan="pico"),  # 4,500,000 of list: overage
+                ledger_event("c", at=DAY_TWO, plan="pico"),  # 4,500,000 of list: overage
                 # 750,000 of list and of allowance: 2,250,000 left after it.
-                event("a", at=DAY_ONE, tier="standard", plan="pico"),
+                ledger_event("a", at=DAY_ONE, tier="standard", plan="pico"),
                 # 9,000,000 of list at half: 2,250,000 of allowance covers 4,500,000.
-                event(
+                ledger_event(
                     "b",
                     at=DAY_ONE.replace(hour=12),
                     plan="pico",
@@ -130,7 +96,7 @@ def test_summary_by_day_and_tier_with_adjustments(
                     allowance_cost_nano_usd=4_500_000,
                     **launch,
                 ),
-                event("other-org", at=DAY_ONE, org_id="org-other"),
+                ledger_event("other-org", at=DAY_ONE, org_id="org-other"),
             ],
         )
         assert add_adjustment(
@@ -182,7 +148,7 @@ async def test_usage_reader_reads_but_never_migrates(ledger_url: str) -> None:
         assert not inspect(engine).has_table(UsageRow.__tablename__)
         migrate(engine)
         with engine.begin() as connection:
-            insert_usage_events(connection, [event("e-read")])
+            insert_usage_events(connection, [ledger_event("e-read")])
         engine.dispose()
         summary = await reader.usage_summary("org-ledger", DAY_ONE.date(), DAY_ONE.date())
         assert summary["totals"]["requests"] == 1
@@ -199,7 +165,7 @@ def test_invoice_preview_rounds_each_line_once(
         insert_usage_events(
             connection,
             [
-                event(
+                ledger_event(
                     f"inv-{i}",
                     tier="standard",
                     prompt_tokens=0,
@@ -225,7 +191,7 @@ def test_invoice_preview_command(
 ) -> None:
     with ledger.begin() as connection:
         insert_usage_events(
-            connection, [event(f"cli-{i}", completion_tokens=100_000) for i in range(3)]
+            connection, [ledger_event(f"cli-{i}", completion_tokens=100_000) for i in range(3)]
         )
     env = {
         "CSTACK_LEDGER_URL": ledger_url,
@@ -252,8 +218,8 @@ def test_consumer_writes_once_and_dead_letters_poison(
     client = redis.Redis.from_url(billing_settings.redis_url)
     stream = billing_settings.usage_stream
     for i in range(5):
-        client.xadd(stream, {"event": event(f"s-{i}").model_dump_json()})
-    client.xadd(stream, {"event": event("s-0").model_dump_json()})  # a replayed duplicate
+        client.xadd(stream, {"event": ledger_event(f"s-{i}").model_dump_json()})
+    client.xadd(stream, {"event": ledger_event("s-0").model_dump_json()})  # a replayed duplicate
     client.xadd(stream, {"event": b"{not json"})
     client.xadd(stream, {"something": b"else"})
     consumer = UsageStreamConsumer(client, ledger, billing_settings)
@@ -277,7 +243,7 @@ def test_this_releases_migrations_go_down_and_up_again(ledger_url: str) -> None:
     engine = make_engine(ledger_url)
     migrate(engine)
     with engine.begin() as connection:
-        insert_usage_events(connection, [event("down-up")])
+        insert_usage_events(connection, [ledger_event("down-up")])
     config = alembic_config()
     with engine.begin() as connection:
         config.attributes["connection"] = connection

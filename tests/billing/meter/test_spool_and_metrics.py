@@ -7,13 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from billing_support import admission_request, usage_for
 from prometheus_client import REGISTRY
 
 from billing.meter.protocol import AdmissionRefused
 from billing.meter.redis_meter import RedisMeter
 from billing.meter.spool import UsageSpool
 from billing.settings import BillingSettings
+from tests.support.builders import admission_request, usage_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

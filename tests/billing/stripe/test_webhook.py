@@ -11,10 +11,8 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from billing_support import admission_request
 from fastapi import FastAPI
 from pydantic import SecretStr
-from test_ledger import event
 
 from billing.ledger import make_engine, migrate
 from billing.ledger.writes import insert_usage_events
@@ -23,6 +21,7 @@ from billing.meter.redis_meter import RedisMeter
 from billing.settings import BillingSettings
 from billing.stripe.router import router, webhook_service
 from billing.stripe.webhooks import WebhookService
+from tests.support.builders import admission_request, ledger_event
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 SECRET = "whsec_test_secret"
@@ -69,7 +68,7 @@ async def client(billing_settings: BillingSettings) -> AsyncIterator[httpx.Async
     migrate(engine)
     with engine.begin() as connection:  # the ledger knows cus_hook belongs to org-hook
         insert_usage_events(
-            connection, [event("hook-1", org_id="org-hook", customer_id="cus_hook")]
+            connection, [ledger_event("hook-1", org_id="org-hook", customer_id="cus_hook")]
         )
     app = FastAPI()
     app.include_router(router)

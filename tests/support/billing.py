@@ -1,4 +1,6 @@
-"""Helpers shared by the billing tests: test price books, requests, real subprocesses."""
+"""What the billing tests share: test price books, org customers, the CSTACK_ environment of
+a subprocess, real `cstack` processes, a process hammering the meter, and reads of the
+usage stream. Requests and usage events to feed billing are in ``tests.support.builders``."""
 
 from __future__ import annotations
 
@@ -7,11 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-import uuid
-from collections.abc import Callable
 from datetime import UTC, datetime
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +17,11 @@ import yaml
 from redis.asyncio import Redis
 from sqlalchemy import Engine
 
-from billing.meter.events import UsageEvent
 from billing.meter.keyspace import Keyspace
-from billing.meter.protocol import AdmissionRequest, UsageReport
 from billing.settings import DEFAULT_PRICEBOOK_PATH, BillingSettings
 from billing.stripe.customers import set_org_customer
 from gateway.keys import ApiKey, KeyStore
-from serving.vocabulary import Tier
+from tests.support.builders import admission_request, usage_for
 
 REPO = Path(__file__).resolve().parents[2]
 CSTACK = str(Path(sys.executable).with_name("cstack"))
@@ -82,108 +78,11 @@ def write_test_book(
     return path
 
 
-def admission_request(
-    *,
-    org: str = "org-a",
-    key: str = "key-a",
-    plan: str = "pro",
-    tier: Tier = "fast",
-    prompt: int = 100,
-    max_output: int = 50,
-    customer: str | None = None,
-    request_id: str | None = None,
-) -> AdmissionRequest:
-    return AdmissionRequest(
-        request_id=request_id or f"req-{uuid.uuid4().hex}",
-        org_id=org,
-        key_id=key,
-        plan=plan,
-        tier=tier,
-        model="composer-2.5",
-        prompt_tokens=prompt,
-        max_output_tokens=max_output,
-        customer_id=customer,
-    )
-
-
-def usage_for(
-    request: AdmissionRequest, *, completion: int, cached: int = 0, outcome: str = "complete"
-) -> UsageReport:
-    now = datetime.now(UTC)
-    return UsageReport(
-        request_id=request.request_id,
-        org_id=request.org_id,
-        key_id=request.key_id,
-        model=request.model,
-        tier=request.tier,
-        prompt_tokens=request.prompt_tokens,
-        cached_tokens=cached,
-        completion_tokens=completion,
-        started_at=now,
-        ended_at=now,
-        outcome=outcome,  # type: ignore[arg-type]
-        customer_id=request.customer_id,
-    )
-
-
-def hand_event(
-    org: str,
-    request_id: str,
-    started: datetime,
-    *,
-    tier: str,
-    version: str,
-    prompt: int,
-    completion: int,
-    list_cost: int,
-    cached: int = 0,
-    multiplier: str = "1",
-    plan: str = "hand",
-    key: str = "key-hand",
-    model: str = "composer-2.5",
-    client_request_id: str | None = None,
-) -> UsageEvent:
-    """A usage event whose list cost the test worked out by hand (not by the pricing code);
-    its allowance cost is that / ``multiplier``, a promotion's when it is not 1."""
-    usage_multiplier = Fraction(multiplier)
-    return UsageEvent(
-        event_id=f"{org}-{request_id}",
-        org_id=org,
-        key_id=key,
-        customer_id=None,
-        plan=plan,
-        model=model,
-        tier=tier,  # type: ignore[arg-type]
-        prompt_tokens=prompt,
-        cached_tokens=cached,
-        completion_tokens=completion,
-        client_request_id=client_request_id,
-        list_cost_nano_usd=list_cost,
-        allowance_cost_nano_usd=int(list_cost / usage_multiplier),
-        promotion_multiplier=str(usage_multiplier),
-        promotion_id="launch-week" if usage_multiplier != 1 else None,
-        price_version=version,
-        started_at=started,
-        ended_at=started,
-        outcome="complete",
-    )
-
-
 def set_customers(engine: Engine, customers: dict[str, str | None]) -> None:
     """Each org's Stripe customer, as an admin sets it (``cstack keys customer``)."""
     with engine.begin() as connection:
         for org, customer in customers.items():
             set_org_customer(connection, org, customer, datetime.now(UTC))
-
-
-def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def settings_env(values: dict[str, Any]) -> dict[str, str]:

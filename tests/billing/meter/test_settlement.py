@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from billing_support import admission_request, usage_for
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 
@@ -23,6 +22,7 @@ from billing.meter.protocol import AdmissionRefused
 from billing.meter.redis_meter import RedisMeter
 from billing.meter.settlement import Record, SettlementQueue
 from billing.settings import BillingSettings
+from tests.support.builders import admission_request, usage_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

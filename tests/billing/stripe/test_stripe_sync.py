@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import stripe
-from billing_support import set_customers, write_test_book
 from prometheus_client import REGISTRY
 from pydantic import SecretStr
 from sqlalchemy import Engine, func, select, update
@@ -34,6 +33,7 @@ from billing.stripe.api import (
     upcoming_invoice_total,
 )
 from billing.stripe.sync import idempotency_key, sync_stripe
+from tests.support.billing import set_customers, write_test_book
 from tests.support.fakes.stripe import StripeStandIn
 
 #: November is due once it has been over for the grace period (an hour).

@@ -26,20 +26,21 @@ import httpx
 import pytest
 import redis
 import uvicorn
-from billing_support import keyspace, port_open, usage_entries, wait_for
-from gateway_processes import gateway_processes
 from redis.asyncio import Redis
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
-from usage_upstream import events, health, models
 
 from billing.meter.protocol import Admission, AdmissionRequest
 from billing.settings import BillingSettings
 from gateway.admission import MAX_OVERLAPPED_PER_KEY, OVERLAP_HEADROOM, AdmissionStanding
 from gateway.keys import KeyStore
 from serving.process import free_port
+from tests.support.billing import keyspace, port_open, usage_entries
+from tests.support.fakes.upstream import events, health, models
+from tests.support.gateway_processes import gateway_processes
+from tests.support.waits import wait_until
 
 CHAT = {"model": "composer-2.5", "messages": [{"role": "user", "content": "hi"}],
         "max_tokens": 4}  # fmt: skip
@@ -84,7 +85,7 @@ class Upstream:
 def upstream() -> Iterator[Upstream]:
     server = Upstream()
     server.thread.start()
-    wait_for(lambda: port_open(server.port), 30, "the stand-in upstream to listen")
+    wait_until(lambda: port_open(server.port), "the stand-in upstream to listen", 30)
     yield server
     server.server.should_exit = True
     server.thread.join(timeout=10)
@@ -168,7 +169,7 @@ def test_a_clear_key_is_sent_upstream_before_its_admission_and_answered_after(
     pause_billing(sync_redis)
     with ThreadPoolExecutor(1) as pool:
         second = pool.submit(chat, gateway, token)
-        wait_for(lambda: len(upstream.arrived) == 2, 30, "the second request upstream")
+        wait_until(lambda: len(upstream.arrived) == 2, "the second request upstream", 30)
         time.sleep(0.5)
         assert not second.done(), "answered before billing admitted it"
         sync_redis.execute_command("CLIENT", "UNPAUSE")
@@ -176,10 +177,10 @@ def test_a_clear_key_is_sent_upstream_before_its_admission_and_answered_after(
     assert answer.status_code == 200, answer.text
     assert answer.headers["x-request-id"] == upstream.arrived[1]
     assert "x-ratelimit-remaining-requests" in answer.headers
-    settled = wait_for(
+    settled = wait_until(
         lambda: len(found := events_of(sync_redis, billing_settings)) == 2 and found,
-        30,
         "both requests settled",
+        30,
     )
     assert settled[upstream.arrived[1]]["outcome"] == "complete"
     assert settled[upstream.arrived[1]]["completion_tokens"] > 0
@@ -199,21 +200,23 @@ def test_a_refusal_after_the_request_went_upstream_drops_it_there_and_is_the_ans
     pause_billing(sync_redis)
     with ThreadPoolExecutor(1) as pool:
         second = pool.submit(chat, gateway, token)
-        wait_for(lambda: len(upstream.arrived) == 2, 30, "the second request upstream")
+        wait_until(lambda: len(upstream.arrived) == 2, "the second request upstream", 30)
         sync_redis.execute_command("CLIENT", "UNPAUSE")
         refused = second.result(timeout=60)
     assert refused.status_code == 429, refused.text
     error = refused.json()["error"]
     assert error["code"] == "insufficient_quota" and "suspended" in error["message"]
     assert "x-ratelimit-remaining-requests" in refused.headers
-    wait_for(lambda: upstream.dropped == [upstream.arrived[1]], 30, "the upstream request dropped")
+    wait_until(
+        lambda: upstream.dropped == [upstream.arrived[1]], "the upstream request dropped", 30
+    )
 
     # Refused once, the key's requests wait for admission again: this one never leaves.
     third = chat(gateway, token)
     assert third.status_code == 429 and third.json()["error"]["code"] == "insufficient_quota"
     assert len(upstream.arrived) == 2
-    first_settled = wait_for(
-        lambda: events_of(sync_redis, billing_settings), 30, "the first request settled"
+    first_settled = wait_until(
+        lambda: events_of(sync_redis, billing_settings), "the first request settled", 30
     )
     assert list(first_settled) == [upstream.arrived[0]]
     assert reserved(sync_redis, billing_settings, "org-overlap-refused") == 0
@@ -237,16 +240,18 @@ def test_a_request_whose_client_left_before_its_admission_arrived_settles_it(
             + f"content-length: {len(body)}\r\n\r\n".encode()
             + body
         )
-        wait_for(lambda: len(upstream.arrived) == 2, 30, "the second request upstream")
+        wait_until(lambda: len(upstream.arrived) == 2, "the second request upstream", 30)
     # The client is gone: the gateway drops the upstream request while billing, paused,
     # has not answered its admission yet.
-    wait_for(lambda: upstream.dropped == [upstream.arrived[1]], 30, "the upstream request dropped")
+    wait_until(
+        lambda: upstream.dropped == [upstream.arrived[1]], "the upstream request dropped", 30
+    )
     sync_redis.execute_command("CLIENT", "UNPAUSE")
     gone = upstream.arrived[1]
-    settled = wait_for(
+    settled = wait_until(
         lambda: gone in (found := events_of(sync_redis, billing_settings)) and found,
-        30,
         "the abandoned request settled",
+        30,
     )
     assert settled[gone]["outcome"] == "client_disconnect"
     assert settled[gone]["completion_tokens"] == 0
@@ -267,8 +272,8 @@ def test_a_burst_from_a_clear_key_goes_ahead_of_its_admissions_only_up_to_the_bo
     pause_billing(sync_redis)
     with ThreadPoolExecutor(burst) as pool:
         answers = [pool.submit(chat, gateway, token) for _ in range(burst)]
-        wait_for(
-            lambda: len(upstream.arrived) == 1 + MAX_OVERLAPPED_PER_KEY, 60, "the bound upstream"
+        wait_until(
+            lambda: len(upstream.arrived) == 1 + MAX_OVERLAPPED_PER_KEY, "the bound upstream", 60
         )
         time.sleep(1.0)
         assert len(upstream.arrived) == 1 + MAX_OVERLAPPED_PER_KEY  # the rest wait
@@ -279,7 +284,7 @@ def test_a_burst_from_a_clear_key_goes_ahead_of_its_admissions_only_up_to_the_bo
     pause_billing(sync_redis)
     with ThreadPoolExecutor(1) as pool:
         after = pool.submit(chat, gateway, token)
-        wait_for(lambda: len(upstream.arrived) == 2 + burst, 30, "the next request upstream")
+        wait_until(lambda: len(upstream.arrived) == 2 + burst, "the next request upstream", 30)
         sync_redis.execute_command("CLIENT", "UNPAUSE")
         assert after.result(timeout=60).status_code == 200
 

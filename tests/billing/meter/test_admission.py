@@ -10,11 +10,11 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import pytest
-from billing_support import admission_request, usage_for
 
 from billing.meter.protocol import AdmissionRefused
 from billing.meter.redis_meter import RedisMeter
 from billing.settings import BillingSettings
+from tests.support.builders import admission_request, usage_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

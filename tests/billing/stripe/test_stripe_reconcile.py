@@ -22,7 +22,6 @@ from typing import Any
 
 import pytest
 import redis
-from billing_support import keyspace, set_customers, write_test_book
 from pydantic import SecretStr
 from typer.testing import CliRunner
 
@@ -36,6 +35,7 @@ from billing.prices.pricing import load_pricebook
 from billing.settings import BillingSettings
 from billing.stripe.api import list_invoice_items, stripe_client
 from billing.stripe.sync import sync_stripe
+from tests.support.billing import keyspace, set_customers, write_test_book
 from tests.support.fakes.stripe import StripeStandIn
 
 CUSTOMER = "cus_recon"
