@@ -75,7 +75,7 @@ def make_celery(settings: BillingSettings) -> Celery:
                 "options": {"expires": settings.stripe_sync_interval_s},
             },
             "reconcile-all": {
-                "task": "billing.stripe.reconcile_all",
+                "task": "billing.reconcile_all",
                 "schedule": crontab(minute=0, hour=settings.reconcile_hour_utc),
                 "options": {"expires": 3600.0},
             },
@@ -145,7 +145,7 @@ def reconcile_periods(now: datetime, current: BillingSettings = settings) -> lis
     return periods
 
 
-@celery_app.task(name="billing.stripe.reconcile_all")
+@celery_app.task(name="billing.reconcile_all")
 def reconcile_all_task(periods: list[str] | None = None) -> dict[str, Any]:
     """`cstack billing reconcile --all` for ``periods`` (beat's: ``reconcile_periods``), its
     totals exported as metrics (alerts BillingReconcileDifference, BillingReconcileStale)."""

@@ -150,7 +150,7 @@ def test_the_daily_run_in_the_real_worker_exports_the_difference(
     worker = billing_processes(
         ["worker", "billing"], settings.model_copy(update={"metrics_port": port})
     )
-    make_celery(settings).send_task("billing.stripe.reconcile_all", args=[["2026-11"]])
+    make_celery(settings).send_task("billing.reconcile_all", args=[["2026-11"]])
 
     def exported() -> dict[str, float]:
         try:
@@ -177,7 +177,7 @@ def test_the_daily_run_in_the_real_worker_exports_the_difference(
 def test_beat_runs_it_daily_for_the_last_month() -> None:
     settings = BillingSettings()
     schedule = make_celery(settings).conf.beat_schedule["reconcile-all"]
-    assert schedule["task"] == "billing.stripe.reconcile_all"
+    assert schedule["task"] == "billing.reconcile_all"
     assert schedule["schedule"].hour == {settings.reconcile_hour_utc}
     assert reconcile_periods(datetime(2027, 1, 3, 3, tzinfo=UTC), settings) == ["2026-12"]
     eager = settings.model_copy(update={"stripe_post_open_periods": True})
