@@ -27,12 +27,12 @@ import redis
 from redis.asyncio import Redis
 from sqlalchemy import func, select
 
-from billing.consumer import UsageStreamConsumer
-from billing.events import UsageEvent
-from billing.keyspace import Keyspace
 from billing.ledger import UsageRow, make_engine, migrate
-from billing.meter import AdmissionRequest, UsageReport
-from billing.redis_meter import RedisMeter
+from billing.ledger.consumer import UsageStreamConsumer
+from billing.meter.events import UsageEvent
+from billing.meter.keyspace import Keyspace
+from billing.meter.protocol import AdmissionRequest, UsageReport
+from billing.meter.redis_meter import RedisMeter
 from billing.settings import BillingSettings
 from serving.valkey import start_valkey
 

@@ -30,7 +30,7 @@ final once no usage of it can still arrive: after the month's grace
 read, in the database (a window function over the org and time index).
 
 Admission cannot wait for the ledger, so Redis applies the same rule in the order
-settlements land (``budget_units``, mirrored by the Lua scripts of ``billing.lua``): the
+settlements land (``budget_units``, mirrored by the Lua scripts of ``billing.meter.scripts``): the
 allowance fills at allowance cost, then overage counts list dollars against the overage
 budget. The two orders differ only for requests in flight across a promotion's start or
 end, and admission's budget is a bound, not an invoice.
@@ -46,8 +46,8 @@ from typing import Any
 from sqlalchemy import Connection, and_, case, func, or_, select
 
 from billing.ledger import UsageRow
-from billing.periods import period_bounds
-from billing.pricebook import PriceBook
+from billing.prices.periods import period_bounds
+from billing.prices.pricebook import PriceBook
 
 
 @dataclass(frozen=True)

@@ -35,10 +35,10 @@ def invoice_preview(
     """Print the period's invoice lines for ORG, each rounded to cents once."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from billing.invoice import invoice_preview as build_preview
     from billing.ledger import make_engine, migrate
-    from billing.periods import current_period
-    from billing.pricing import PriceBookError, pricebook_from_path
+    from billing.ledger.invoice import invoice_preview as build_preview
+    from billing.prices.periods import current_period
+    from billing.prices.pricing import PriceBookError, pricebook_from_path
     from billing.settings import BillingSettings
 
     settings = BillingSettings()
@@ -78,14 +78,14 @@ def reconcile(
     from sqlalchemy.exc import SQLAlchemyError
 
     from billing.ledger import make_engine, migrate
-    from billing.periods import period_bounds
-    from billing.pricing import PriceBookError, pricebook_from_path
-    from billing.reconcile import CannotReconcile
-    from billing.reconcile import reconcile as compare
-    from billing.reconcile_all import reconcile_all
+    from billing.prices.periods import period_bounds
+    from billing.prices.pricing import PriceBookError, pricebook_from_path
     from billing.settings import BillingSettings
-    from billing.stripe_api import stripe_client
-    from billing.stripe_sync import first_open_period
+    from billing.stripe.api import stripe_client
+    from billing.stripe.reconcile import CannotReconcile
+    from billing.stripe.reconcile import reconcile as compare
+    from billing.stripe.reconcile_all import reconcile_all
+    from billing.stripe.sync import first_open_period
 
     if bool(org) == all_orgs:
         _fail("give --org ORG or --all (not both)", code=2)
@@ -142,7 +142,7 @@ billing_app.add_typer(dead_letters_app, name="dead-letters")
 def _redis_and_settings() -> tuple[Redis, BillingSettings]:
     from pydantic import ValidationError
 
-    from billing.redis_client import RedisUrlError, sync_client
+    from billing.redis.client import RedisUrlError, sync_client
     from billing.settings import BillingSettings
 
     try:
@@ -162,8 +162,8 @@ def dead_letters_list(
     limit: int = typer.Option(100, min=1, help="Show at most this many, oldest first."),
 ) -> None:
     """Print each dead letter: its id, the request it bills, and why it was set aside."""
-    from billing.dead_letters import list_dead_letters
-    from billing.redis_client import REDIS_FAILURES
+    from billing.ledger.dead_letters import list_dead_letters
+    from billing.redis.client import REDIS_FAILURES
 
     redis, settings = _redis_and_settings()
     try:
@@ -189,8 +189,8 @@ def dead_letters_replay(
 
     Replaying is safe to repeat: the ledger ignores an event id it already holds.
     """
-    from billing.dead_letters import ReplayInterrupted, replay_dead_letters
-    from billing.redis_client import REDIS_FAILURES
+    from billing.ledger.dead_letters import ReplayInterrupted, replay_dead_letters
+    from billing.redis.client import REDIS_FAILURES
 
     if bool(entry_ids) == replay_all:
         _fail("give dead-letter ids or --all (not both)")
@@ -211,29 +211,6 @@ def dead_letters_replay(
     typer.echo(f"replayed {len(replayed)} dead letter(s) onto the usage stream")
 
 
-@billing_app.command("merge-legacy-budgets")
-def merge_legacy_budgets_command() -> None:
-    """Merge the budgets a release before Redis Cluster support wrote into their orgs'
-    shards, so that an upgrade mid-month gives no org its allowance again. The billing
-    worker does it when it starts; run it again once the last old gateway has stopped.
-    Safe to repeat: a merged budget is deleted as it is merged."""
-    from billing.keyspace import Keyspace
-    from billing.legacy_keys import merge_legacy_budgets
-    from billing.redis_client import REDIS_FAILURES, parse_redis_url
-
-    redis, settings = _redis_and_settings()
-    if parse_redis_url(settings.redis_url).cluster:
-        typer.echo("a Redis Cluster holds no budgets of releases before sharding")
-        return
-    try:
-        merged = merge_legacy_budgets(
-            redis, Keyspace(settings.billing_shards, settings.usage_stream)
-        )
-    except REDIS_FAILURES as exc:
-        _fail(f"cannot reach Redis at CSTACK_REDIS_URL ({type(exc).__name__})")
-    typer.echo(f"merged {merged} budget(s)")
-
-
 def worker_billing(
     concurrency: int = typer.Option(2, help="Worker threads."),
     loglevel: str = typer.Option("INFO", help="Celery log level."),
@@ -242,7 +219,7 @@ def worker_billing(
     from prometheus_client import start_http_server
     from sqlalchemy.exc import SQLAlchemyError
 
-    from billing.redis_client import REDIS_FAILURES
+    from billing.redis.client import REDIS_FAILURES
     from billing.worker import celery_app, prepare, settings
 
     try:

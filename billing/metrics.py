@@ -21,7 +21,7 @@ admission_seconds = Histogram(
 )
 admissions_ahead = Counter(
     "cstack_admissions_ahead_total",
-    "Admissions made ahead for busy keys (billing/ahead.py): taken by a request, or "
+    "Admissions made ahead for busy keys (billing/meter/admit_ahead.py): taken by a request, or "
     "released unused.",
     ["outcome"],
 )
@@ -74,7 +74,7 @@ orgs_without_stripe_customer = Gauge(
     "invoiced until an admin sets one (`cstack billing reconcile --all` lists them).",
     multiprocess_mode="livemax",
 )
-# The daily `cstack billing reconcile --all` of the billing worker (billing/reconcile_all.py).
+# The daily `cstack billing reconcile --all` of the billing worker (stripe/reconcile_all.py).
 # No org or customer id as a label (they identify customers, and a series per org would
 # grow with the customer base): the count of orgs that differ and the sum of their
 # absolute differences; the worker's log names each org with its difference.

@@ -14,7 +14,7 @@ from pydantic import Field, SecretStr, model_validator
 
 from serving.settings import CstackSettings
 
-DEFAULT_PRICEBOOK_PATH = Path(__file__).with_name("pricebook.yaml")
+DEFAULT_PRICEBOOK_PATH = Path(__file__).parent / "prices" / "pricebook.yaml"
 
 
 class BillingSettings(CstackSettings):
@@ -56,7 +56,7 @@ class BillingSettings(CstackSettings):
     #: `cstack gateway --workers N` gives each worker process 1/N (gateway/workers.py).
     redis_down_allowance_nano_usd: int = Field(default=2_000_000_000, ge=0)
     redis_down_allowance_requests: int = Field(default=500, ge=0)
-    #: Admissions made ahead (billing/ahead.py): a key sending many requests of one shape
+    #: Admissions made ahead (meter/admit_ahead.py): a key sending many requests of one shape
     #: a second, far from its limits, has up to this many of its next ones admitted in
     #: one Redis call, each with its own rate-limit charge and reservation (0: off).
     admission_ahead_batch: int = Field(default=16, ge=0, le=256)
@@ -90,7 +90,7 @@ class BillingSettings(CstackSettings):
     #: can only be checked once the body is in memory (Stripe's events are far smaller).
     stripe_webhook_max_bytes: int = Field(default=256 * 1024, ge=1024)
 
-    # -- Stripe invoice items (billing/stripe_sync.py) ------------------------------------
+    # -- Stripe invoice items (billing/stripe/sync.py) ------------------------------------
     #: A month's invoice items are posted once the month has been over this long, so that
     #: usage still in flight at midnight is on them; later usage becomes another delta item.
     stripe_invoice_grace_s: int = 3600

@@ -17,18 +17,17 @@ from celery import Celery
 from celery.schedules import crontab
 from sqlalchemy import Engine
 
-from billing.consumer import UsageStreamConsumer
-from billing.keyspace import Keyspace
 from billing.ledger import make_engine, migrate
-from billing.legacy_keys import merge_legacy_budgets
-from billing.periods import period_bounds, period_of
-from billing.pricing import pricebook_from_path
-from billing.reconcile_all import export, reconcile_all
-from billing.redis_client import SyncClient, parse_redis_url, sync_client
+from billing.ledger.consumer import UsageStreamConsumer
+from billing.meter.keyspace import Keyspace
+from billing.prices.periods import period_bounds, period_of
+from billing.prices.pricing import pricebook_from_path
+from billing.redis.client import SyncClient, parse_redis_url, sync_client
 from billing.settings import BillingSettings
-from billing.stripe_api import stripe_client
-from billing.stripe_sync import sync_stripe
-from billing.webhooks import restore_suspensions
+from billing.stripe.api import stripe_client
+from billing.stripe.reconcile_all import export, reconcile_all
+from billing.stripe.sync import sync_stripe
+from billing.stripe.webhooks import restore_suspensions
 
 logger = logging.getLogger(__name__)
 
@@ -100,16 +99,9 @@ def redis() -> SyncClient:
 
 
 def prepare(current: BillingSettings = settings) -> None:
-    """Run before a worker starts: ledger schema at head, consumer groups present, and
-    budgets of releases before sharding merged into their shards."""
+    """Run before a worker starts: ledger schema at head, consumer groups present."""
     migrate(ledger())
     UsageStreamConsumer(redis(), ledger(), current).ensure_group()
-    if not parse_redis_url(current.redis_url).cluster:
-        merged = merge_legacy_budgets(
-            redis(), Keyspace(current.billing_shards, current.usage_stream)
-        )
-        if merged:
-            logger.info("merged %d budgets of a release before sharding", merged)
 
 
 @celery_app.task(name="billing.drain_usage_stream")

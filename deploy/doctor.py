@@ -116,7 +116,7 @@ def check_redis(url: str) -> Check:
     """Connect, authenticate and PING as the stack would (redis-py, the same URL forms)."""
     import redis
 
-    from billing.redis_client import RedisUrlError, sync_client
+    from billing.contract import RedisUrlError, sync_client
     from serving.redact import redact_url
 
     shown = redact_url(url)

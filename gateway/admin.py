@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from billing.accounts import AccountsUnavailable, BillingAccounts, check_customer_id
+from billing.contract import AccountsUnavailable, BillingAccounts, check_customer_id
 from gateway.auth import Authenticator
 from gateway.errors import GatewayError
 from gateway.keys import KeyStore, KeyStoreError

@@ -34,7 +34,7 @@ task an overlap takes (measured in ``bench/RESULTS.md``).
 
 from __future__ import annotations
 
-from billing.meter import Admission, AdmissionRefused
+from billing.contract import Admission, AdmissionRefused
 from gateway.errors import GatewayError
 
 #: Requests like the last one that must still fit for a key's next one to be overlapped:

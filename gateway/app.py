@@ -19,10 +19,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from billing.accounts import BillingAccounts, UnbilledAccounts
-from billing.meter import Meter
-from billing.redis_client import AsyncClient, async_client, connect_early
-from billing.reporting import UsageReader
+from billing.contract import (
+    AsyncClient,
+    BillingAccounts,
+    Meter,
+    UnbilledAccounts,
+    UsageReader,
+    async_client,
+    connect_early,
+)
 from gateway.admin import build_admin_router
 from gateway.auth import Authenticator
 from gateway.capacity import SlotPolicy, share, slot_policies

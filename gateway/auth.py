@@ -22,7 +22,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from billing.redis_client import REDIS_FAILURES
+from billing.contract import REDIS_FAILURES
 from gateway.errors import GatewayError, unauthorized
 from gateway.keys import ApiKey, KeyStore, digest
 from serving.vocabulary import DEFAULT_TIER, Tier

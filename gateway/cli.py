@@ -234,8 +234,7 @@ def _store_error(message: str) -> Exception:
 
 def _accounts() -> Any:
     """Where orgs' Stripe customers are recorded: the ledger, unless billing is off."""
-    from billing import create_accounts
-    from billing.accounts import UnbilledAccounts
+    from billing.contract import UnbilledAccounts, create_accounts
     from billing.settings import BillingSettings
 
     if not _settings().billing:
@@ -246,8 +245,7 @@ def _accounts() -> Any:
 def _with_store(action: Callable[[Any], Awaitable[T]]) -> T:
     """Run ``action`` on the key store; what the store refuses (an unknown org, a bad
     id...), an unreachable Redis or ledger ends the command with a one-line error."""
-    from billing.accounts import AccountsUnavailable
-    from billing.redis_client import REDIS_FAILURES, RedisUrlError, async_client
+    from billing.contract import REDIS_FAILURES, AccountsUnavailable, RedisUrlError, async_client
     from gateway.keys import KeyStore, KeyStoreError
 
     settings = _settings()

@@ -47,7 +47,7 @@ from fastapi import Request
 from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
-from billing.meter import Admission, AdmissionRefused, AdmissionRequest, Meter
+from billing.contract import Admission, AdmissionRefused, AdmissionRequest, Meter
 from gateway.admission import AdmissionStanding, refusal_error
 from gateway.assemble import Assembler, ChatAssembler, CompletionAssembler
 from gateway.auth import Authenticator
@@ -162,7 +162,7 @@ class GenerationHandler:
             max_duration_s=self._settings.max_request_duration_s,
         )
         key_id = principal.key.key_id
-        # Made ahead for a busy key (billing.ahead): no round trip to wait for or overlap.
+        # Made ahead for a busy key (billing's admit_ahead): no round trip to wait for or overlap.
         admission = self._meter.admit_ready(admission_request)
         if admission is not None:
             self._standing.granted(key_id, admission)

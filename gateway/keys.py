@@ -39,7 +39,7 @@ class Org:
     org_id: str
     name: str
     plan: str
-    #: A copy of its Stripe customer (billing.accounts owns it): admission refuses an org
+    #: A copy of its Stripe customer (billing.stripe.accounts owns it): admission refuses an org
     #: whose customer Stripe suspended.
     customer_id: str
     created_at: float

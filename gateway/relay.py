@@ -28,7 +28,7 @@ import pydantic_core
 from fastapi.responses import Response
 from starlette.types import Receive
 
-from billing.meter import Admission, AdmissionRefused, Meter, Outcome, UsageReport
+from billing.contract import Admission, AdmissionRefused, Meter, Outcome, UsageReport
 from gateway.admission import refusal_error
 from gateway.assemble import Assembler
 from gateway.auth import Principal

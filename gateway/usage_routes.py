@@ -10,7 +10,7 @@
 - ``/v1/usage/requests.csv?period=YYYY-MM``: a month's receipts as CSV.
 
 Every query is the calling key's org's: another org's request is a 404 like one that does
-not exist. The receipts and their fields are billing's (``billing.receipts``); this module
+not exist. The receipts and their fields are billing's (``billing.ledger.receipts``); this module
 parses the query and maps billing's refusals to OpenAI's error body.
 """
 
@@ -23,8 +23,7 @@ from datetime import UTC, date, datetime
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from billing.periods import period_bounds
-from billing.reporting import (
+from billing.contract import (
     MAX_RECEIPTS_PER_PAGE,
     RECEIPTS_PATH,
     BadReceiptQuery,
@@ -32,6 +31,7 @@ from billing.reporting import (
     ReceiptQuery,
     UsageReader,
     UsageUnavailable,
+    period_bounds,
 )
 from gateway.auth import Authenticator
 from gateway.errors import GatewayError, bad_request

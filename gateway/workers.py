@@ -33,11 +33,16 @@ def build_app(settings: GatewaySettings, worker: int = 0) -> Any:
     the usage reader, the org customers' record, the Stripe webhook. ``worker`` is this
     process's index among ``settings.gateway_workers``: it gets that share of what each
     process holds alone."""
-    import billing
-    from billing.accounts import BillingAccounts, UnbilledAccounts
-    from billing.meter import Meter, UnmeteredMeter
-    from billing.reporting import UnmeteredUsageReader, UsageReader
-    from billing.settings import BillingSettings
+    import billing.contract as billing
+    from billing.contract import (
+        BillingAccounts,
+        BillingSettings,
+        Meter,
+        UnbilledAccounts,
+        UnmeteredMeter,
+        UnmeteredUsageReader,
+        UsageReader,
+    )
     from gateway.app import create_app
 
     meter: Meter = UnmeteredMeter()
@@ -63,9 +68,9 @@ def build_app(settings: GatewaySettings, worker: int = 0) -> Any:
         accounts = billing.create_accounts(billing_settings)
     app = create_app(settings, meter, usage, accounts=accounts, worker=worker)
     if settings.billing:
-        from billing.http import router as stripe_webhook
+        from billing.contract import stripe_webhook_router
 
-        app.include_router(stripe_webhook)
+        app.include_router(stripe_webhook_router())
     return app
 
 

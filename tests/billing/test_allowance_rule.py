@@ -18,20 +18,22 @@ from pathlib import Path
 
 import pytest
 import redis
-from billing_support import admission_request, hand_event, write_test_book
 from sqlalchemy import Engine, select
 
 from billing.allowance import Split, budget_units, month_allowance, split
-from billing.events import UsageEvent
-from billing.invoice import invoice_preview
-from billing.ledger import UsageRow, add_adjustment, insert_usage_events, make_engine, migrate
-from billing.lua import BUDGET_UNITS
-from billing.meter import AdmissionRefused, UsageReport
-from billing.pricebook import PriceBook
-from billing.pricing import load_pricebook
-from billing.redis_meter import RedisMeter
+from billing.ledger import UsageRow, make_engine, migrate
+from billing.ledger.invoice import invoice_preview
+from billing.ledger.summary import usage_summary
+from billing.ledger.writes import add_adjustment, insert_usage_events
+from billing.meter.events import UsageEvent
+from billing.meter.protocol import AdmissionRefused, UsageReport
+from billing.meter.redis_meter import RedisMeter
+from billing.meter.scripts import BUDGET_UNITS
+from billing.prices.pricebook import PriceBook
+from billing.prices.pricing import load_pricebook
 from billing.settings import BillingSettings
-from billing.summary import usage_summary
+from tests.support.billing import write_test_book
+from tests.support.builders import admission_request, hand_event
 
 VERSIONS = [
     {

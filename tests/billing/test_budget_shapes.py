@@ -26,13 +26,14 @@ from typing import Any
 import httpx
 import pytest
 import redis
-from billing_support import create_org_key, keyspace, usage_entries, wait_for
-from gateway_processes import gateway_processes
 from redis.asyncio import Redis
-from usage_upstream import SLOW_SEED
 
-from billing.pricing import load_pricebook, worst_case_charge
+from billing.prices.pricing import load_pricebook, worst_case_charge
 from billing.settings import BillingSettings
+from tests.support.billing import create_org_key, keyspace, usage_entries
+from tests.support.fakes.upstream import SLOW_SEED
+from tests.support.gateway_processes import gateway_processes
+from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 TTL_S = 5
@@ -215,8 +216,11 @@ def assert_budget_held(
         json.loads(fields[b"event"]) for _, fields in usage_entries(sync, settings)
     ]
     # Hung-up streams settle when their gateway notices; wait for every event.
-    events = wait_for(lambda: (lambda e: e if len(e) >= len(admitted) else None)(read()), 60,
-                      "every admitted request's usage event")  # fmt: skip
+    events = wait_until(
+        lambda: (lambda e: e if len(e) >= len(admitted) else None)(read()),
+        "every admitted request's usage event",
+        60,
+    )
     by_id = {e["event_id"]: e for e in events}
     assert len(events) == len(admitted)
     assert set(by_id) == {r.request_id for r in admitted}

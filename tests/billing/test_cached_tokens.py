@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,18 +19,20 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
-from billing_support import create_org_key, port_open, settings_env, wait_for, write_test_book
 from openai import OpenAI
 from sqlalchemy import select
 
-from billing.consumer import UsageStreamConsumer
-from billing.invoice import invoice_preview
 from billing.ledger import UsageRow, make_engine, migrate
-from billing.pricing import load_pricebook
+from billing.ledger.consumer import UsageStreamConsumer
+from billing.ledger.invoice import invoice_preview
+from billing.prices.pricing import load_pricebook
 from billing.settings import BillingSettings
 from serving.process import ManagedProcess, free_port
 from serving.tiny import build_tiny_checkpoint
-from tests.conftest import cstack_command
+from tests.support.billing import REPO, create_org_key, port_open, settings_env, write_test_book
+from tests.support.commands import cstack_command
+from tests.support.gateway_processes import METERED_GATEWAY
+from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.vllm
 
@@ -86,17 +87,18 @@ def gateway_url(
     }
     log = (tmp_path / "gateway.log").open("wb")
     process = subprocess.Popen(
-        [sys.executable, str(Path(__file__).with_name("metered_gateway.py"))],
+        METERED_GATEWAY,
         env=settings_env(values),
+        cwd=REPO,
         stdout=log,
         stderr=subprocess.STDOUT,
     )
     try:
-        wait_for(lambda: port_open(port), 120, "the metered gateway to listen")
-        wait_for(
+        wait_until(lambda: port_open(port), "the metered gateway to listen", 120)
+        wait_until(
             lambda: httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 200,
-            120,
             "the gateway's upstream to be healthy",
+            120,
         )
         yield f"http://127.0.0.1:{port}"
     finally:

@@ -1,6 +1,6 @@
 """A busy key through two real gateway processes with the real Meter (and the openai SDK):
-its requests take admissions made ahead (``billing.ahead``), and the money is exactly what
-was metered: one usage event per answered request, the budget's ``used`` their sum and
+its requests take admissions made ahead (``billing.meter.admit_ahead``), and the money is
+exactly what was metered: one usage event per answered request, the budget's ``used`` their sum and
 nothing left reserved once the gateways have stopped and given back what no request took.
 
 The upstream is the fast stand-in (``usage_upstream.py``): admissions are made ahead only
@@ -17,12 +17,12 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
-from billing_support import create_org_key, keyspace, usage_entries
-from gateway_processes import gateway_processes
 from openai import AsyncOpenAI
 
 from billing.settings import BillingSettings
 from serving.process import free_port
+from tests.support.billing import create_org_key, keyspace, usage_entries
+from tests.support.gateway_processes import gateway_processes
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 ORG = "org-busy-key"

@@ -12,13 +12,13 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
-from billing_support import create_org_key, keyspace, usage_entries
-from gateway_processes import gateway_processes
 
-from billing.consumer import UsageStreamConsumer
 from billing.ledger import make_engine, migrate
-from billing.pricing import load_pricebook
+from billing.ledger.consumer import UsageStreamConsumer
+from billing.prices.pricing import load_pricebook
 from billing.settings import BillingSettings
+from tests.support.billing import create_org_key, keyspace, usage_entries
+from tests.support.gateway_processes import gateway_processes
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="session")]
 MAX_TOKENS = 8

@@ -14,15 +14,15 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
-from billing_support import create_org_key, port_open, usage_backlog, wait_for
-from gateway_processes import gateway_processes
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 
-from billing.consumer import UsageStreamConsumer
 from billing.ledger import UsageRow, make_engine, migrate
+from billing.ledger.consumer import UsageStreamConsumer
 from billing.settings import BillingSettings
 from serving.process import free_port
+from tests.support.billing import create_org_key, port_open, usage_backlog
+from tests.support.gateway_processes import gateway_processes
 from tests.support.waits import wait_until
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="session")]
@@ -40,7 +40,7 @@ def stalling_vllm(vllm_url: str) -> Iterator[str]:
     command = [sys.executable, str(FORWARDER), str(port), *target, "--stall-after", "20000"]
     forwarder = subprocess.Popen(command, stdout=subprocess.DEVNULL)
     try:
-        wait_for(lambda: port_open(port), 30, "the forwarder to listen")
+        wait_until(lambda: port_open(port), "the forwarder to listen", 30)
         yield f"http://127.0.0.1:{port}"
     finally:
         forwarder.kill()

@@ -19,28 +19,23 @@ from typing import Any
 import httpx
 import pytest
 import redis
-from billing_support import (
-    TEST_VERSIONS,
-    create_org_key,
-    set_customers,
-    write_test_book,
-)
-from gateway_processes import gateway_processes
-from launch_traffic import hand_invoice, list_cost, mixed_traffic
 from openai import AsyncOpenAI
 from pydantic import SecretStr
 from typer.testing import CliRunner
 
 from billing.cli import billing_app
-from billing.consumer import UsageStreamConsumer
-from billing.invoice import invoice_preview
 from billing.ledger import make_engine, migrate
-from billing.periods import period_of
-from billing.pricing import load_pricebook
+from billing.ledger.consumer import UsageStreamConsumer
+from billing.ledger.invoice import invoice_preview
+from billing.prices.periods import period_of
+from billing.prices.pricing import load_pricebook
 from billing.settings import BillingSettings
-from billing.stripe_api import list_invoice_items, stripe_client
-from billing.stripe_sync import sync_stripe
+from billing.stripe.api import list_invoice_items, stripe_client
+from billing.stripe.sync import sync_stripe
+from tests.support.billing import TEST_VERSIONS, create_org_key, set_customers, write_test_book
 from tests.support.fakes.stripe import StripeStandIn
+from tests.support.gateway_processes import gateway_processes
+from tests.support.launch_traffic import hand_invoice, list_cost, mixed_traffic
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="session")]
 

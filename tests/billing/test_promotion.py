@@ -15,16 +15,17 @@ from pathlib import Path
 
 import pytest
 import redis
-from billing_support import TEST_VERSIONS, admission_request, write_test_book
 from sqlalchemy import select
 
-from billing.consumer import UsageStreamConsumer
-from billing.invoice import invoice_preview
 from billing.ledger import UsageRow, make_engine, migrate
-from billing.meter import UsageReport
-from billing.pricing import load_pricebook
-from billing.redis_meter import RedisMeter
+from billing.ledger.consumer import UsageStreamConsumer
+from billing.ledger.invoice import invoice_preview
+from billing.meter.protocol import UsageReport
+from billing.meter.redis_meter import RedisMeter
+from billing.prices.pricing import load_pricebook
 from billing.settings import BillingSettings
+from tests.support.billing import TEST_VERSIONS, write_test_book
+from tests.support.builders import admission_request
 
 STARTED = datetime(2026, 11, 20, 9, 30, tzinfo=UTC)
 

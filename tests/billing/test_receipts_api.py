@@ -18,15 +18,15 @@ from typing import Any
 import httpx
 import pytest
 import redis
-from billing_support import create_org_key
-from gateway_processes import gateway_processes
 from openai import OpenAI
 
-from billing.consumer import UsageStreamConsumer
 from billing.ledger import make_engine, migrate
-from billing.periods import period_of
-from billing.pricing import load_pricebook
+from billing.ledger.consumer import UsageStreamConsumer
+from billing.prices.periods import period_of
+from billing.prices.pricing import load_pricebook
 from billing.settings import BillingSettings
+from tests.support.billing import create_org_key
+from tests.support.gateway_processes import gateway_processes
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="session")]
 

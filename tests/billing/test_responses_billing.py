@@ -13,14 +13,14 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
-from billing_support import create_org_key, usage_entries
-from gateway_processes import gateway_processes
 from openai import OpenAI
 
-from billing.consumer import UsageStreamConsumer
 from billing.ledger import make_engine, migrate
-from billing.pricing import load_pricebook
+from billing.ledger.consumer import UsageStreamConsumer
+from billing.prices.pricing import load_pricebook
 from billing.settings import BillingSettings
+from tests.support.billing import create_org_key, usage_entries
+from tests.support.gateway_processes import gateway_processes
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="session")]
 

@@ -12,17 +12,18 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 import redis
-from billing_support import Process, set_customers, wait_for
 from pydantic import SecretStr
 from sqlalchemy import func, select
 
-from billing.events import UsageEvent
-from billing.invoice import invoice_preview
 from billing.ledger import UsageRow, make_engine, migrate
-from billing.pricing import load_pricebook
+from billing.ledger.invoice import invoice_preview
+from billing.meter.events import UsageEvent
+from billing.prices.pricing import load_pricebook
 from billing.settings import BillingSettings
-from billing.stripe_api import list_invoice_items, stripe_client
+from billing.stripe.api import list_invoice_items, stripe_client
+from tests.support.billing import Process, set_customers
 from tests.support.fakes.stripe import StripeStandIn
+from tests.support.waits import wait_until
 
 EVENTS = 3000
 ORGS = {"org-worker-0": "cus_W0", "org-worker-1": "cus_W1"}
@@ -86,15 +87,15 @@ def test_worker_killed_mid_batch_then_restarted_writes_each_event_once(
 
     billing_processes(["beat"], settings)
     worker = billing_processes(["worker", "billing"], settings)
-    wait_for(lambda: ledger_rows() > 0, 120, "the worker to write its first rows")
+    wait_until(lambda: ledger_rows() > 0, "the worker to write its first rows", 120)
     # Hold the ledger's write lock so the worker blocks inside its next batch: read from
     # the stream, not yet committed, not acknowledged. Then kill it there.
     blocker = sqlite3.connect(database_path, timeout=30, isolation_level=None)
     blocker.execute("BEGIN IMMEDIATE")
-    wait_for(
+    wait_until(
         lambda: client.xpending(settings.usage_stream, settings.usage_consumer_group)["pending"],
-        60,
         "the worker to read a batch it cannot commit",
+        60,
     )
     worker.kill()
     blocker.execute("ROLLBACK")
@@ -105,13 +106,13 @@ def test_worker_killed_mid_batch_then_restarted_writes_each_event_once(
     assert pending > 0, "the kill must leave read-but-unacknowledged entries"
 
     billing_processes(["worker", "billing"], settings)
-    wait_for(lambda: ledger_rows() == EVENTS, 180, "every event in the ledger")
-    wait_for(
+    wait_until(lambda: ledger_rows() == EVENTS, "every event in the ledger", 180)
+    wait_until(
         lambda: (
             client.xpending(settings.usage_stream, settings.usage_consumer_group)["pending"] == 0
         ),
-        60,
         "no entry left pending",
+        60,
     )
     with engine.connect() as connection:
         prompt_total, distinct = connection.execute(
@@ -143,7 +144,7 @@ def test_worker_killed_mid_batch_then_restarted_writes_each_event_once(
                 )
         return {key: cents for key, cents in totals.items() if cents}
 
-    wait_for(lambda: posted() == expected, 120, "Stripe to have the ledger's invoices")
+    wait_until(lambda: posted() == expected, "Stripe to have the ledger's invoices", 120)
     keys = [record["idempotency_key"] for record in stripe.accepted()]
     assert len(keys) == len(set(keys))
     assert "failed" in stripe.results()

@@ -171,7 +171,7 @@ class PrometheusApi:
 
 
 def billing_env(tmp: Path, redis_url: str, stripe_url: str, metrics_port: int) -> dict[str, str]:
-    book = yaml.safe_load((REPO / "billing" / "pricebook.yaml").read_text())
+    book = yaml.safe_load((REPO / "billing" / "prices" / "pricebook.yaml").read_text())
     book["plans"].update(TEST_PLANS)
     # The traffic happens now: the shipped launch promotion would change what it consumes
     # of the allowances depending on the day the test runs.

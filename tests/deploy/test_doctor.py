@@ -15,7 +15,7 @@ import pytest
 
 from deploy.doctor import FAIL, PYTHON_BELOW, PYTHON_MIN, check_python
 from serving.process import free_port
-from tests.conftest import cstack_command
+from tests.support.commands import cstack_command
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -31,7 +31,7 @@ OPERATOR_KINDS = {"ServiceMonitor", "PrometheusRule"}
 # to the repository's single copy of each (Helm follows them when rendering and packaging).
 CHART_LINKS = [
     ("files/variants.yaml", "serving/variants.yaml"),
-    ("files/pricebook.yaml", "billing/pricebook.yaml"),
+    ("files/pricebook.yaml", "billing/prices/pricebook.yaml"),
     ("files/prometheus/alerts.yaml", "deploy/prometheus/alerts.yaml"),
     ("files/dashboards", "deploy/grafana"),
 ]

@@ -246,7 +246,10 @@ def test_env_names_are_settings_fields(
 
 def test_pricebook_is_mounted_where_billing_reads_it(default_manifests: list[Manifest]) -> None:
     configmap = find(default_manifests, "ConfigMap", "-pricebook")
-    assert configmap["data"]["pricebook.yaml"] == (REPO / "billing" / "pricebook.yaml").read_text()
+    assert (
+        configmap["data"]["pricebook.yaml"]
+        == (REPO / "billing" / "prices" / "pricebook.yaml").read_text()
+    )
     for workload in ("-gateway", "-billing-worker"):
         manifest = find(default_manifests, "Deployment", workload)
         container = containers(manifest)[0]

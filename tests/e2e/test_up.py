@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from serving.process import free_port
-from tests.conftest import cstack_command
+from tests.support.commands import cstack_command
 
 pytestmark = pytest.mark.vllm
 

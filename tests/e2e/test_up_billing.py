@@ -24,12 +24,12 @@ import yaml
 from openai import AsyncOpenAI
 
 from serving.process import free_port
-from tests.billing.launch_traffic import hand_invoice, mixed_traffic
-from tests.conftest import cstack_command
+from tests.support.commands import cstack_command
+from tests.support.launch_traffic import hand_invoice, mixed_traffic
 
 pytestmark = pytest.mark.vllm
 
-STAND_IN = Path(__file__).resolve().parents[1] / "billing" / "stripe_server.py"
+STAND_IN = [sys.executable, "-m", "tests.support.fakes.stripe.server"]
 INCLUDED = 5_000_000  # $0.005
 VERSION = "2026-11-01"
 
@@ -88,7 +88,7 @@ def test_up_bills_the_launch_week_as_published(vllm_url: str, tmp_path: Path) ->
     state = tmp_path / "state"
     stripe_port = free_port()
     stand_in = subprocess.Popen(
-        [sys.executable, str(STAND_IN), f"--port={stripe_port}",
+        [*STAND_IN, f"--port={stripe_port}",
          f"--record={tmp_path / 'stripe.jsonl'}"]
     )  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "CSTACK_REDIS_URL"}

@@ -10,9 +10,13 @@ import openai
 import pytest
 from gateway_support import ADMIN_TOKEN, Forwarder, GatewayServer, RecordingMeter, create_key
 
-from billing.accounts import BillingAccounts
-from billing.meter import Meter, UnmeteredMeter
-from billing.reporting import UnmeteredUsageReader, UsageReader
+from billing.contract import (
+    BillingAccounts,
+    Meter,
+    UnmeteredMeter,
+    UnmeteredUsageReader,
+    UsageReader,
+)
 from gateway.settings import GatewaySettings
 from serving.process import free_port
 

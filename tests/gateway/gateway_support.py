@@ -14,16 +14,16 @@ import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
-from billing.accounts import BillingAccounts
-from billing.meter import (
+from billing.contract import (
     Admission,
     AdmissionRefused,
     AdmissionRequest,
+    BillingAccounts,
     Meter,
     UnmeteredMeter,
+    UsageReader,
     UsageReport,
 )
-from billing.reporting import UsageReader
 from gateway.app import create_app
 from gateway.keys import KeyStore
 from gateway.server import bind_listeners, server_config

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from gateway_support import GatewayServer, RecordingMeter, metric_value
 
-from billing.meter import AdmissionRefused
+from billing.contract import AdmissionRefused
 
 pytestmark = pytest.mark.vllm
 

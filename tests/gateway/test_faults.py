@@ -20,7 +20,7 @@ from gateway_support import Forwarder, GatewayServer, RecordingMeter, metric_val
 from openai.types.chat import ChatCompletionChunk
 
 from serving.process import free_port
-from tests.conftest import cstack_command
+from tests.support.commands import cstack_command
 
 pytestmark = pytest.mark.vllm
 

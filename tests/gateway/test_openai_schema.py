@@ -23,9 +23,9 @@ import pytest
 from gateway_support import WEATHER_TOOL, GatewayServer, RecordingMeter
 from jsonschema import Draft202012Validator
 
-from billing.events import answer_cost
-from billing.meter import UsageReport
-from billing.pricing import load_pricebook
+from billing.contract import UsageReport
+from billing.meter.events import answer_cost
+from billing.prices.pricing import load_pricebook
 from billing.settings import DEFAULT_PRICEBOOK_PATH
 from gateway.sse import StreamRewriter, error_event
 from serving.vocabulary import ANSWER_SERVICE_TIERS, DEFAULT_TIER, SERVICE_TIERS, Tier

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from gateway_support import GatewayServer, RecordingMeter
 
-from billing.meter import AdmissionRefused
+from billing.contract import AdmissionRefused
 
 pytestmark = pytest.mark.vllm
 

@@ -14,8 +14,8 @@ from gateway_support import GatewayServer, create_key
 from sqlalchemy import text
 
 from billing.ledger import make_engine, migrate
+from billing.ledger.usage_reader import LedgerUsageReader
 from billing.settings import DEFAULT_PRICEBOOK_PATH
-from billing.usage_reader import LedgerUsageReader
 
 
 def test_usage_is_a_503_until_the_ledger_is_migrated(

@@ -3,7 +3,7 @@ billing on.
 
 Which worker served a connection is read from the operating system (the worker process
 that owns the server side of the socket), not from anything the gateway tells a client.
-The upstream is the fast stand-in of the billing tests (tests/billing/usage_upstream.py).
+The upstream is the fast stand-in of the billing tests (tests/support/fakes/upstream.py).
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.app import worker_slot_policies
 from gateway.capacity import SlotPolicy, share
 from serving.process import free_port
-from tests.billing.usage_upstream import SLOW_SEED
-from tests.conftest import cstack_command
+from tests.support.billing import REPO
+from tests.support.commands import cstack_command
+from tests.support.fakes.upstream import SLOW_SEED, UPSTREAM
 from tests.support.waits import wait_until
 
-STAND_IN = Path(__file__).parents[1] / "billing" / "usage_upstream.py"
 CHAT = {"model": "composer-2.5", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 
 
@@ -58,7 +58,7 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     log = (tmp_path_factory.mktemp("upstream") / "upstream.log").open("wb")
     process = subprocess.Popen(
-        [sys.executable, str(STAND_IN), str(port)], stdout=log, stderr=subprocess.STDOUT
+        [*UPSTREAM, str(port)], cwd=REPO, stdout=log, stderr=subprocess.STDOUT
     )
     try:
         wait_until(lambda: _ok(f"http://127.0.0.1:{port}/health"), "the upstream stand-in", 30)

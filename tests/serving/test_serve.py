@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from serving.process import free_port
-from tests.conftest import cstack_command
+from tests.support.commands import cstack_command
 
 pytestmark = pytest.mark.vllm
 

@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 from serving.tiny import build_tiny_checkpoint
-from tests.conftest import cstack_command
+from tests.support.commands import cstack_command
 
 
 def _digests(directory: Path) -> dict[str, str]:

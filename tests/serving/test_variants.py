@@ -11,7 +11,7 @@ import pytest
 
 from serving.settings import ServingSettings
 from serving.variants import VariantError, engine_args_to_cli, load_variants
-from tests.conftest import cstack_command
+from tests.support.commands import cstack_command
 
 
 def book():  # type: ignore[no-untyped-def]

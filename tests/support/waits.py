@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def wait_until(
-    predicate: Callable[[], Any], what: str, timeout_s: float = 60.0, interval_s: float = 0.05
-) -> None:
-    """Return once ``predicate()`` is true; fail naming ``what`` after ``timeout_s``."""
+    predicate: Callable[[], T], what: str, timeout_s: float = 60.0, interval_s: float = 0.05
+) -> T:
+    """``predicate()``'s first true value; fail naming ``what`` after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
-    while not predicate():
+    while not (value := predicate()):
         assert time.monotonic() < deadline, f"timed out after {timeout_s:g}s waiting for {what}"
         time.sleep(interval_s)
+    return value

@@ -20,8 +20,7 @@ FIXTURE = Path(__file__).parents[1] / "tasks" / "fixture_repo"
 
 @pytest.fixture
 def gateway_url(redis_url: str, vllm_url: str) -> Iterator[str]:
-    from billing.meter import UnmeteredMeter
-    from billing.reporting import UnmeteredUsageReader
+    from billing.contract import UnmeteredMeter, UnmeteredUsageReader
     from gateway.app import create_app
     from gateway.settings import GatewaySettings
 

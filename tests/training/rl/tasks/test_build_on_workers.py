@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cstack_command
+from tests.support.commands import cstack_command
 
 FIXTURE = Path(__file__).parent / "fixture_repo"
 

@@ -1,0 +1,99 @@
+"""Billing's reporting contract with the gateway: an org's usage for ``GET /v1/usage`` and
+its receipts, one per request, for ``GET /v1/usage/requests``.
+
+Kept apart from ``billing.meter.protocol`` (the request path) because it reads the SQL ledger,
+which admission and settlement never touch. Like that module it imports nothing from
+billing; the real reader comes from ``billing.contract.create_usage_reader``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import date, datetime
+from typing import Any, Protocol
+
+#: The most receipts one page holds.
+MAX_RECEIPTS_PER_PAGE = 1000
+#: Where an org reads its receipts (``GET``; one request's at ``/{request id}``).
+RECEIPTS_PATH = "/v1/usage/requests"
+
+
+class UsageUnavailable(Exception):
+    """Usage cannot be read right now (say, the ledger has no schema yet); the gateway
+    answers 503 with this message."""
+
+
+class BadReceiptQuery(ValueError):
+    """A receipts query that names something that is not there (its ``param``): 400."""
+
+    def __init__(self, message: str, *, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class ReceiptNotUnique(Exception):
+    """An id that names several requests (a client's ``x-request-id`` used twice): 409."""
+
+
+@dataclass(frozen=True)
+class ReceiptQuery:
+    """Which receipts, in the order the allowance takes them (start time, then arrival)."""
+
+    #: Requests that started at or after ``start`` and before ``end`` (aware instants).
+    start: datetime | None = None
+    end: datetime | None = None
+    key_id: str | None = None
+    tier: str | None = None
+    model: str | None = None
+    limit: int = 100
+    #: The id of the last receipt of the previous page.
+    after: str | None = None
+
+
+class UsageReader(Protocol):
+    async def usage_summary(
+        self, org_id: str, start: date | None = None, end: date | None = None
+    ) -> dict[str, Any]:
+        """``org_id``'s usage from ``start`` to ``end`` inclusive, as ``GET /v1/usage``
+        returns it; raises ``UsageUnavailable`` when it cannot be read."""
+        ...
+
+    async def receipts(self, org_id: str, query: ReceiptQuery) -> dict[str, Any]:
+        """A page of ``org_id``'s receipts (OpenAI's list shape); raises
+        ``BadReceiptQuery`` or ``UsageUnavailable``."""
+        ...
+
+    async def receipt(self, org_id: str, request_id: str) -> dict[str, Any] | None:
+        """The receipt of one of ``org_id``'s requests, by its request id, its response
+        id or the client's ``x-request-id`` (None: no such request of the org); raises
+        ``ReceiptNotUnique`` or ``UsageUnavailable``."""
+        ...
+
+    def receipts_csv(self, org_id: str, period: str) -> AsyncIterator[bytes]:
+        """A month's receipts as CSV, in chunks (the first one read before any is sent,
+        so ``UsageUnavailable`` comes before the answer starts)."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class UnmeteredUsageReader:
+    """Reports that nothing is metered: the gateway with billing switched off."""
+
+    async def usage_summary(
+        self, org_id: str, start: date | None = None, end: date | None = None
+    ) -> dict[str, Any]:
+        return {"object": "usage", "org_id": org_id, "data": [], "metered": False}
+
+    async def receipts(self, org_id: str, query: ReceiptQuery) -> dict[str, Any]:
+        return {"object": "list", "data": [], "first_id": None, "last_id": None, "has_more": False}
+
+    async def receipt(self, org_id: str, request_id: str) -> dict[str, Any] | None:
+        return None
+
+    async def receipts_csv(self, org_id: str, period: str) -> AsyncIterator[bytes]:
+        yield b""
+
+    async def aclose(self) -> None:
+        return None
