@@ -4,7 +4,7 @@ The app is ``gateway.app.create_app``; it is not re-exported here because FastAP
 then load with every ``gateway`` import, `cstack --help` (gateway.cli) included.
 """
 
-from gateway.keys import ApiKey, KeyStore, KeyStoreError, Org
+from gateway.access.keys import ApiKey, KeyStore, KeyStoreError, Org
 from gateway.settings import GatewaySettings
 
 __all__ = ["ApiKey", "GatewaySettings", "KeyStore", "KeyStoreError", "Org"]

@@ -23,8 +23,9 @@ from billing.accounts import BillingAccounts, UnbilledAccounts
 from billing.meter import Meter
 from billing.redis_client import AsyncClient, async_client, connect_early
 from billing.reporting import UsageReader
-from gateway.admin import build_admin_router
-from gateway.auth import Authenticator
+from gateway.access.admin import build_admin_router
+from gateway.access.auth import Authenticator
+from gateway.access.keys import KeyStore
 from gateway.capacity import SlotPolicy, share, slot_policies
 from gateway.errors import (
     GatewayError,
@@ -33,7 +34,6 @@ from gateway.errors import (
     validation_error_handler,
 )
 from gateway.generation import CHAT, COMPLETIONS, RESPONSES, GenerationHandler
-from gateway.keys import KeyStore
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import ListenerGuard, RequestContextMiddleware
 from gateway.relay import Relay

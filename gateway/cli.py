@@ -227,7 +227,7 @@ def _valid(settings_class: Callable[..., T], **overrides: Any) -> T:
 
 
 def _store_error(message: str) -> Exception:
-    from gateway.keys import KeyStoreError
+    from gateway.access.keys import KeyStoreError
 
     return KeyStoreError(message)
 
@@ -248,7 +248,7 @@ def _with_store(action: Callable[[Any], Awaitable[T]]) -> T:
     id...), an unreachable Redis or ledger ends the command with a one-line error."""
     from billing.accounts import AccountsUnavailable
     from billing.redis_client import REDIS_FAILURES, RedisUrlError, async_client
-    from gateway.keys import KeyStore, KeyStoreError
+    from gateway.access.keys import KeyStore, KeyStoreError
 
     settings = _settings()
 

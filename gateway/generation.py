@@ -48,9 +48,9 @@ from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
 from billing.meter import Admission, AdmissionRefused, AdmissionRequest, Meter
+from gateway.access.auth import Authenticator
 from gateway.admission import AdmissionStanding, refusal_error
 from gateway.assemble import Assembler, ChatAssembler, CompletionAssembler
-from gateway.auth import Authenticator
 from gateway.errors import GatewayError, bad_request
 from gateway.middleware import CLIENT_REQUEST_ID, REQUEST_ID, TIER
 from gateway.protocol import (

@@ -29,9 +29,9 @@ from fastapi.responses import Response
 from starlette.types import Receive
 
 from billing.meter import Admission, AdmissionRefused, Meter, Outcome, UsageReport
+from gateway.access.auth import Principal
 from gateway.admission import refusal_error
 from gateway.assemble import Assembler
-from gateway.auth import Principal
 from gateway.capacity import EngineBusy
 from gateway.downstream import (
     ClientGone,

@@ -33,7 +33,7 @@ from billing.reporting import (
     UsageReader,
     UsageUnavailable,
 )
-from gateway.auth import Authenticator
+from gateway.access.auth import Authenticator
 from gateway.errors import GatewayError, bad_request
 from serving.vocabulary import TIERS
 

@@ -24,7 +24,7 @@ from billing.events import UsageEvent
 from billing.keyspace import Keyspace
 from billing.meter import AdmissionRequest, UsageReport
 from billing.settings import DEFAULT_PRICEBOOK_PATH, BillingSettings
-from gateway.keys import ApiKey, KeyStore
+from gateway.access.keys import ApiKey, KeyStore
 from serving.vocabulary import Tier
 
 REPO = Path(__file__).resolve().parents[2]

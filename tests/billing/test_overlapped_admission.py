@@ -37,8 +37,8 @@ from usage_upstream import events, health, models
 
 from billing.meter import Admission, AdmissionRequest
 from billing.settings import BillingSettings
+from gateway.access.keys import KeyStore
 from gateway.admission import MAX_OVERLAPPED_PER_KEY, OVERLAP_HEADROOM, AdmissionStanding
-from gateway.keys import KeyStore
 from serving.process import free_port
 
 CHAT = {"model": "composer-2.5", "messages": [{"role": "user", "content": "hi"}],

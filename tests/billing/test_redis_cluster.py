@@ -29,7 +29,7 @@ from billing.redis_meter import RedisMeter
 from billing.settings import BillingSettings
 from billing.webhooks import WebhookService
 from billing.worker import broker_url
-from gateway.keys import KeyStore
+from gateway.access.keys import KeyStore
 
 on_session_loop = pytest.mark.asyncio(loop_scope="session")
 

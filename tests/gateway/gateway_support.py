@@ -24,8 +24,8 @@ from billing.meter import (
     UsageReport,
 )
 from billing.reporting import UsageReader
+from gateway.access.keys import KeyStore
 from gateway.app import create_app
-from gateway.keys import KeyStore
 from gateway.server import bind_listeners, server_config
 from gateway.settings import GatewaySettings
 from serving.process import free_port

@@ -15,9 +15,9 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from billing.accounts import AccountsUnavailable, BillingAccounts, check_customer_id
-from gateway.auth import Authenticator
+from gateway.access.auth import Authenticator
+from gateway.access.keys import KeyStore, KeyStoreError
 from gateway.errors import GatewayError
-from gateway.keys import KeyStore, KeyStoreError
 from serving.vocabulary import DEFAULT_TIER, Tier
 
 

@@ -4,7 +4,7 @@ A key reads ``sk-cs-<key_id>.<secret>``: the id locates the record in one lookup
 secret (256 random bits) is what the digest protects. A fast hash is enough for secrets of
 that entropy; a slow password hash would only add latency to every uncached request.
 Every revocation also increments ``cstack:keys:epoch``, once the revocation is written:
-gateway replicas poll that counter to drop their caches (see ``gateway.auth``). Writes
+gateway replicas poll that counter to drop their caches (see ``gateway.access.auth``). Writes
 that go together are made one after the other, not as one transaction, because on a
 Redis Cluster their keys are in different slots; the order makes an interruption safe
 (a revocation without its epoch is seen when the caches expire).

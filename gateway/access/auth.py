@@ -1,7 +1,7 @@
 """Bearer-key authentication with a short in-process cache that revocations cannot outlive.
 
 Verified keys are cached by digest so the hot path costs no Redis round trip. A background
-task polls the revocation epoch (``gateway.keys.EPOCH_KEY``) every ``revocation_poll_s``
+task polls the revocation epoch (``gateway.access.keys.EPOCH_KEY``) every ``revocation_poll_s``
 and clears the cache when it moves. A cached entry is trusted only while the last poll
 was *issued* less than ``revocation_staleness_s`` ago, so a revocation committed before
 that moment has been seen: with the defaults a revoked key stops working on every replica
@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass
 
 from billing.redis_client import REDIS_FAILURES
+from gateway.access.keys import ApiKey, KeyStore, digest
 from gateway.errors import GatewayError, unauthorized
-from gateway.keys import ApiKey, KeyStore, digest
 from serving.vocabulary import DEFAULT_TIER, Tier
 
 logger = logging.getLogger(__name__)
