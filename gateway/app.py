@@ -26,7 +26,6 @@ from billing.reporting import UsageReader
 from gateway.access.admin import build_admin_router
 from gateway.access.auth import Authenticator
 from gateway.access.keys import KeyStore
-from gateway.capacity import SlotPolicy, share, slot_policies
 from gateway.errors import (
     GatewayError,
     gateway_error_handler,
@@ -36,10 +35,11 @@ from gateway.errors import (
 from gateway.generation import CHAT, COMPLETIONS, RESPONSES, GenerationHandler
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import ListenerGuard, RequestContextMiddleware
-from gateway.relay import Relay
 from gateway.settings import GatewaySettings
-from gateway.tiers import TierRouter
-from gateway.upstream import Upstreams
+from gateway.upstream.engine_slots import SlotPolicy, share, slot_policies
+from gateway.upstream.pools import Upstreams
+from gateway.upstream.relay import Relay
+from gateway.upstream.tiers import TierRouter
 from gateway.usage_routes import READ_METHODS, add_usage_routes
 from serving.profile import detect_profile
 from serving.settings import ServingSettings

@@ -60,14 +60,15 @@ from gateway.protocol import (
     SamplingParams,
     parse_request,
 )
-from gateway.relay import Exchange, Relay
 from gateway.responses.events import ResponseEventWriter
 from gateway.responses.output import ResponseAssembler
 from gateway.responses.protocol import ResponsesRequest, as_responses_error
-from gateway.routing import PrefixKey, chat_key, text_key
 from gateway.settings import GatewaySettings
 from gateway.sse import EventWriter, StreamRewriter
-from gateway.tiers import TierRoute, TierRouter
+from gateway.upstream.exchange import Exchange
+from gateway.upstream.relay import Relay
+from gateway.upstream.routing import PrefixKey, chat_key, text_key
+from gateway.upstream.tiers import TierRoute, TierRouter
 from serving.vocabulary import TIERS, Tier
 
 #: Our name of the tier that served a completion: the body's ``service_tier`` is in

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import NoDecode
 
-from gateway.routing import RoutingPolicy
+from gateway.upstream.routing import RoutingPolicy
 from serving.settings import CstackSettings
 
 UrlList = Annotated[list[str], NoDecode]
@@ -50,11 +50,11 @@ class GatewaySettings(CstackSettings):
     read_timeout_s: float = 600.0
     max_connections_per_upstream: int = 512
     #: Hold each engine's requests to its batch size and share its slots between the tiers
-    #: as serving/variants.yaml's ``admission`` says (gateway/capacity.py). Off only for
-    #: benchmarks of the relay itself against a stub upstream.
+    #: as serving/variants.yaml's ``admission`` says (gateway/upstream/engine_slots.py).
+    #: Off only for benchmarks of the relay itself against a stub upstream.
     engine_admission: bool = True
     #: How a pool of several replicas picks one: ``prefix`` (to the replica holding the
-    #: request's prompt prefix in its cache, balanced against load: gateway/routing.py),
+    #: request's prompt prefix in its cache, balanced against load: gateway/upstream/routing.py),
     #: ``least_outstanding`` or ``round_robin``.
     routing: RoutingPolicy = "prefix"
     health_interval_s: float = 1.0

@@ -21,8 +21,8 @@ import socket
 import sys
 from typing import Any
 
-from gateway.capacity import share
 from gateway.settings import GatewaySettings
+from gateway.upstream.engine_slots import share
 
 #: Worker to supervisor, on its channel: it serves now; one handed connection closed.
 READY, CLOSED = b"r", b"c"

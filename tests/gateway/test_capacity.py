@@ -1,4 +1,4 @@
-"""How an engine's slots are shared between the tiers (gateway/capacity.py), and what a
+"""How an engine's slots are shared between the tiers (gateway/upstream/engine_slots.py), and what a
 client sees when its tier's engines stay full."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 import yaml
 from gateway_support import Forwarder, GatewayServer
 
-from gateway.capacity import EngineBusy, EngineSlots, SlotPolicy, slot_policies
+from gateway.upstream.engine_slots import EngineBusy, EngineSlots, SlotPolicy, slot_policies
 from serving.settings import DEFAULT_VARIANTS_FILE
 from serving.variants import load_variants
 

@@ -8,7 +8,7 @@ import httpx
 import pydantic_core
 import pytest
 
-from gateway.http1 import ConnectionPool
+from gateway.upstream.http1 import ConnectionPool
 
 pytestmark = pytest.mark.vllm
 

@@ -32,7 +32,7 @@ from gateway.protocol import (
     parse_request,
 )
 from gateway.settings import GatewaySettings
-from gateway.tiers import TierRoute
+from gateway.upstream.tiers import TierRoute
 from serving.settings import ServingSettings
 from serving.variants import load_variants
 from serving.vocabulary import REASONING_EFFORTS, ReasoningEffort

@@ -1,4 +1,4 @@
-"""Prefix-aware routing (``gateway.routing``) and the pool's policies: which replica a
+"""Prefix-aware routing (``gateway.upstream.routing``) and the pool's policies: which replica a
 request goes to, from its parsed body as the gateway sees it."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from gateway.capacity import EngineSlots, SlotPolicy
 from gateway.generation import prefix_key
 from gateway.metrics import GatewayMetrics
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
-from gateway.routing import LOAD_SLACK, PrefixTable
-from gateway.upstream import Replica, UpstreamPool
+from gateway.upstream.engine_slots import EngineSlots, SlotPolicy
+from gateway.upstream.pools import Replica, UpstreamPool
+from gateway.upstream.routing import LOAD_SLACK, PrefixTable
 
 SYSTEM = {"role": "system", "content": "You are a coding agent. " * 40}
 

@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from gateway.errors import GatewayError
 from gateway.settings import GatewaySettings
-from gateway.tiers import TierRouter
+from gateway.upstream.tiers import TierRouter
 from serving.settings import ServingSettings
 from serving.variants import load_variants
 

@@ -27,7 +27,7 @@ from gateway_support import create_key, metric_value
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import worker_slot_policies
-from gateway.capacity import SlotPolicy, share
+from gateway.upstream.engine_slots import SlotPolicy, share
 from serving.process import free_port
 from tests.billing.usage_upstream import SLOW_SEED
 from tests.conftest import cstack_command

@@ -1,6 +1,6 @@
 """Upstream pools: replicas of one tier, health-checked, prefix-aware balancing.
 
-One pool of keep-alive connections per replica (``gateway.http1`` says why not httpx).
+One pool of keep-alive connections per replica (``gateway.upstream.http1`` says why not httpx).
 ``open`` sends a request and returns the response with its head read (body not yet read);
 a connect error, a dropped connection or a 5xx before that point is retried once on
 another replica, which is safe because nothing has reached the client yet.
@@ -16,10 +16,15 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from gateway.capacity import EngineSlots, SlotPolicy
-from gateway.http1 import ConnectionPool, Response, UpstreamConnectError, UpstreamReadTimeout
 from gateway.metrics import GatewayMetrics
-from gateway.routing import PrefixKey, PrefixTable, RoutingPolicy
+from gateway.upstream.engine_slots import EngineSlots, SlotPolicy
+from gateway.upstream.http1 import (
+    ConnectionPool,
+    Response,
+    UpstreamConnectError,
+    UpstreamReadTimeout,
+)
+from gateway.upstream.routing import PrefixKey, PrefixTable, RoutingPolicy
 from serving.vocabulary import Tier
 
 logger = logging.getLogger(__name__)
@@ -255,7 +260,7 @@ class Upstreams:
         """``api_key``: the upstreams' (vLLM's) key, sent on every request to them.
         ``slot_policies``: per URL, how its engine's slots are shared (none: no limit);
         ``max_queue_wait_s``: per tier, the longest wait for a slot; ``routing``: how a
-        pool of several replicas picks one (``gateway.routing``)."""
+        pool of several replicas picks one (``gateway.upstream.routing``)."""
         self._connect_timeout_s = connect_timeout_s
         self._api_key = api_key
         self._read_timeout_s = read_timeout_s
