@@ -34,7 +34,7 @@ from gateway.errors import (
 )
 from gateway.generation import CHAT, COMPLETIONS, RESPONSES, GenerationHandler
 from gateway.metrics import GatewayMetrics
-from gateway.middleware import ListenerGuard, RequestContextMiddleware
+from gateway.server.middleware import ListenerGuard, RequestContextMiddleware
 from gateway.settings import GatewaySettings
 from gateway.upstream.engine_slots import SlotPolicy, share, slot_policies
 from gateway.upstream.pools import Upstreams
@@ -61,7 +61,7 @@ def create_app(
 ) -> FastAPI:
     """``accounts``: where the admin API records orgs' Stripe customers (none: billing is
     off). ``worker``: this process's index among ``settings.gateway_workers``
-    (gateway/workers.py)."""
+    (gateway/server/workers.py)."""
     accounts = accounts or UnbilledAccounts()
     parts = _build_parts(settings, meter, worker)
     app = FastAPI(

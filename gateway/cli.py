@@ -60,8 +60,8 @@ def gateway(
     """Run the OpenAI-compatible gateway in front of the vLLM pools."""
     import os
 
-    from gateway.supervisor import ListenError, supervise
-    from gateway.workers import build_app, freeze_and_serve
+    from gateway.server.supervisor import ListenError, supervise
+    from gateway.server.workers import build_app, freeze_and_serve
 
     if workers is not None and workers < 1:
         _fail(f"--workers must be at least 1 (got {workers})")

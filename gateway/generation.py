@@ -52,7 +52,6 @@ from gateway.access.auth import Authenticator
 from gateway.admission import AdmissionStanding, refusal_error
 from gateway.assemble import Assembler, ChatAssembler, CompletionAssembler
 from gateway.errors import GatewayError, bad_request
-from gateway.middleware import CLIENT_REQUEST_ID, REQUEST_ID, TIER
 from gateway.protocol import (
     ChatCompletionRequest,
     ChatMessage,
@@ -63,6 +62,7 @@ from gateway.protocol import (
 from gateway.responses.events import ResponseEventWriter
 from gateway.responses.output import ResponseAssembler
 from gateway.responses.protocol import ResponsesRequest, as_responses_error
+from gateway.server.middleware import CLIENT_REQUEST_ID, REQUEST_ID, TIER
 from gateway.settings import GatewaySettings
 from gateway.sse import EventWriter, StreamRewriter
 from gateway.upstream.exchange import Exchange

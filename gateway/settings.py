@@ -95,7 +95,7 @@ class GatewaySettings(CstackSettings):
 
     log_level: str = "info"
     #: Processes serving this gateway (CSTACK_GATEWAY_WORKERS, `--workers`): one event loop
-    #: uses one core at most, so N workers use N (gateway/supervisor.py). Default 1: the CPU
+    #: uses one core at most, so N workers use N (gateway/server/supervisor.py). Default 1: the CPU
     #: count a process sees ignores its container's CPU limit, so the chart sets it from
     #: the pod's CPU instead.
     gateway_workers: int = Field(default=1, ge=1, le=256)

@@ -15,7 +15,7 @@ import signal
 from billing import create_accounts, create_meter, create_usage_reader
 from billing.http import router
 from gateway.app import create_app
-from gateway.server import serve
+from gateway.server.listeners import serve
 from gateway.settings import GatewaySettings
 
 

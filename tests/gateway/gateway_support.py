@@ -26,7 +26,7 @@ from billing.meter import (
 from billing.reporting import UsageReader
 from gateway.access.keys import KeyStore
 from gateway.app import create_app
-from gateway.server import bind_listeners, server_config
+from gateway.server.listeners import bind_listeners, server_config
 from gateway.settings import GatewaySettings
 from serving.process import free_port
 
@@ -48,7 +48,7 @@ FORWARDER = Path(__file__).with_name("forwarder.py")
 
 class GatewayServer:
     """A gateway app served on free ports in a background thread, as `cstack gateway`
-    serves it (gateway/server.py): ``url`` is the public listener, ``internal_url`` the
+    serves it (gateway/server/listeners.py): ``url`` is the public listener, ``internal_url`` the
     one with /metrics and /admin/."""
 
     def __init__(

@@ -1,4 +1,4 @@
-"""`cstack gateway --workers N` (gateway/supervisor.py and workers.py): real processes,
+"""`cstack gateway --workers N` (gateway/server/supervisor.py and workers.py): real processes,
 billing on.
 
 Which worker served a connection is read from the operating system (the worker process
@@ -262,7 +262,7 @@ def test_each_worker_holds_its_share_of_an_engines_slots() -> None:
 
 HEAP_PROBE = """
 import gc
-from gateway.workers import GC_YOUNG_THRESHOLD, prepare_heap_for_serving
+from gateway.server.workers import GC_YOUNG_THRESHOLD, prepare_heap_for_serving
 
 def batches(rounds):
     # Requests' objects the way a metered gateway holds them: a batch alive together while

@@ -1,25 +1,25 @@
-"""Serving the gateway app: two listeners, and limits on what a client may send.
+"""HTTP/1.1 with limits uvicorn does not have: the request line and headers together at
+most ``max_header_bytes`` and ``max_headers`` fields (else 431), the whole head within
+``header_timeout_s`` of the connection's first byte or of the previous response
+(slow-loris clients are dropped), and the whole body within ``body_timeout_s`` of the head
+(then the connection is closed; the app sees the client gone).
 
-- The public listener (``port``) serves the OpenAI API and the health probes; the internal
-  listener (``internal_port``) serves ``/metrics`` and ``/admin/``, and the probes. One app
-  serves both sockets; ``ListenerGuard`` (gateway/middleware.py) answers 404 for a route on
-  the wrong listener, so a network policy can expose one port and keep the other private.
-- HTTP/1.1 parsing (httptools) with limits uvicorn does not have: the request line and
-  headers together at most ``max_header_bytes`` and ``max_headers`` fields (else 431), the
-  whole head within ``header_timeout_s`` of the connection's first byte or of the previous
-  response (slow-loris clients are dropped), and the whole body within ``body_timeout_s``
-  of the head (then the connection is closed; the app sees the client gone).
+``LimitedHttpProtocol`` subclasses uvicorn's ``httptools_impl.HttpToolsProtocol``, which
+is not a public API: uvicorn offers no hook into its parser callbacks, and these limits
+must count bytes and fields as the head is parsed, before uvicorn builds a request from
+it. Its overridden methods (``on_url``, ``on_header``, ``on_headers_complete``,
+``on_message_complete``, ``on_response_complete``, ``send_400_response``) may change in
+any uvicorn release, so uvicorn (and httptools) are pinned: the images install with
+``constraints-cpu.txt`` (deploy/docker/app.Dockerfile), the versions the tests ran
+(``tests/security/test_http.py`` holds the gateway to these limits).
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
-import socket
 from typing import Any
 
-import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.errors import error_body
@@ -127,33 +127,3 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 def protocol_for(settings: GatewaySettings) -> type[LimitedHttpProtocol]:
     """The protocol class uvicorn instantiates per connection, bound to ``settings``."""
     return type("GatewayHttpProtocol", (LimitedHttpProtocol,), {"limits": settings})
-
-
-def server_config(app: Any, settings: GatewaySettings, **overrides: Any) -> uvicorn.Config:
-    options: dict[str, Any] = {
-        "host": settings.host,
-        "port": settings.port,
-        "log_level": settings.log_level,
-        "access_log": False,
-        "timeout_graceful_shutdown": settings.shutdown_grace_s,
-        "loop": "uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
-        "http": protocol_for(settings),
-        # Never build a URL from the client's Host header: no proxy headers trusted here.
-        "proxy_headers": False,
-        "server_header": False,
-    }
-    return uvicorn.Config(app, **{**options, **overrides})
-
-
-def bind_listeners(settings: GatewaySettings) -> list[socket.socket]:
-    """The public socket, then the internal one."""
-    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
-    return [
-        socket.create_server((settings.host, port), family=family, backlog=2048)
-        for port in (settings.port, settings.internal_port)
-    ]
-
-
-def serve(app: Any, settings: GatewaySettings) -> None:
-    """Run ``app`` on both listeners until SIGTERM/SIGINT."""
-    uvicorn.Server(server_config(app, settings)).run(sockets=bind_listeners(settings))

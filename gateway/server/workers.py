@@ -2,7 +2,7 @@
 ``cstack gateway --workers N``.
 
 The gateway's request path runs on one event loop, so one process uses one core at most.
-With N workers the ``cstack gateway`` process becomes a supervisor (``gateway.supervisor``)
+With N workers the ``cstack gateway`` process becomes a supervisor (``gateway.server.supervisor``)
 that runs N worker processes, fresh interpreters started on ``run_worker``. A worker serves
 as a single gateway does, on the connections its supervisor hands it over a Unix socket
 (``HandedConnections``), and says on that channel when it is ready and when each
@@ -79,7 +79,7 @@ def freeze_and_serve(
     and, as a worker, on the connections its supervisor hands it over ``channel``."""
     import uvicorn
 
-    from gateway.server import bind_listeners, server_config
+    from gateway.server.listeners import bind_listeners, server_config
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:

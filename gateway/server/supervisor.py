@@ -1,5 +1,5 @@
 """``cstack gateway --workers N`` (N > 1): a supervisor that runs N worker processes and
-serves no request itself (a worker's side is ``gateway.workers``).
+serves no request itself (a worker's side is ``gateway.server.workers``).
 
 - Connections: the supervisor accepts on the public port and hands each connection (its
   file descriptor, over a Unix socket) to the ready worker holding the fewest open ones;
@@ -42,8 +42,8 @@ import time
 from dataclasses import dataclass
 from types import FrameType
 
+from gateway.server.workers import CLOSED, READY
 from gateway.settings import GatewaySettings
-from gateway.workers import CLOSED, READY
 
 logger = logging.getLogger("uvicorn.error")
 
@@ -54,7 +54,7 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 POLL_S = 0.2
 #: A worker still running this long after the stop's grace is killed.
 KILL_MARGIN_S = 10.0
-WORKER_ENTRY = "from gateway.workers import run_worker; run_worker()"
+WORKER_ENTRY = "from gateway.server.workers import run_worker; run_worker()"
 #: Connections accepted per wake-up at most, so the supervisor also sees its workers.
 ACCEPT_BATCH = 64
 
