@@ -26,13 +26,16 @@ from billing.reporting import UsageReader
 from gateway.access.admin import build_admin_router
 from gateway.access.auth import Authenticator
 from gateway.access.keys import KeyStore
+from gateway.api.endpoints import ChatEndpoint, CompletionsEndpoint
+from gateway.api.handler import GenerationHandler
+from gateway.api.responses.endpoint import ResponsesEndpoint
+from gateway.api.usage_routes import READ_METHODS, add_usage_routes
 from gateway.errors import (
     GatewayError,
     gateway_error_handler,
     http_exception_handler,
     validation_error_handler,
 )
-from gateway.generation import CHAT, COMPLETIONS, RESPONSES, GenerationHandler
 from gateway.metrics import GatewayMetrics
 from gateway.server.middleware import ListenerGuard, RequestContextMiddleware
 from gateway.settings import GatewaySettings
@@ -40,7 +43,6 @@ from gateway.upstream.engine_slots import SlotPolicy, share, slot_policies
 from gateway.upstream.pools import Upstreams
 from gateway.upstream.relay import Relay
 from gateway.upstream.tiers import TierRouter
-from gateway.usage_routes import READ_METHODS, add_usage_routes
 from serving.profile import detect_profile
 from serving.settings import ServingSettings
 from serving.variants import load_variants
@@ -177,6 +179,12 @@ def _lifespan(
     return lifespan
 
 
+#: The generation endpoints (stateless: one object each serves every request).
+CHAT = ChatEndpoint()
+COMPLETIONS = CompletionsEndpoint()
+RESPONSES = ResponsesEndpoint()
+
+
 def _add_generation_routes(app: FastAPI, generation: GenerationHandler) -> None:
     async def chat_completions(request: Request) -> Response:
         return await generation.handle(request, CHAT)
@@ -196,7 +204,7 @@ def _add_generation_routes(app: FastAPI, generation: GenerationHandler) -> None:
 
 def _add_account_routes(app: FastAPI, auth: Authenticator, usage: UsageReader) -> None:
     """What a key may read about itself: the models it can call, its org's usage and
-    receipts (gateway.usage_routes)."""
+    receipts (gateway.api.usage_routes)."""
     models_body = {
         "object": "list",
         "data": [

@@ -107,7 +107,7 @@ class GatewaySettings(CstackSettings):
     #: gateway that must not bill: benchmarks and tests of the relay itself.
     billing: bool = True
     #: Send a request upstream while its admission is still on its way, for keys clear of
-    #: every limit (CSTACK_OVERLAP_ADMISSION; gateway/admission.py): saves each such
+    #: every limit (CSTACK_OVERLAP_ADMISSION; gateway/api/admission.py): saves each such
     #: request billing's Redis round trip. Off: every request waits for its admission.
     overlap_admission: bool = True
     #: vLLM's API key (its VLLM_API_KEY), sent as ``Authorization: Bearer`` on every

@@ -40,7 +40,7 @@ class Exchange:
     prefix: PrefixKey | None = None
     started: float = field(default_factory=time.perf_counter)
     settled: bool = False
-    #: The overlapped admission still on its way (``gateway.admission``).
+    #: The overlapped admission still on its way (``gateway.api.admission``).
     admitting: asyncio.Task[Admission] | None = None
     #: The client's own ``x-request-id``, if it sent one (kept on the request's receipt).
     client_request_id: str | None = None

@@ -1,6 +1,6 @@
 """Forwarding one admitted request to its tier's pool and relaying the answer back.
 
-A request whose admission is overlapped (``gateway.admission``) is written upstream
+A request whose admission is overlapped (``gateway.api.admission``) is written upstream
 first, and its admission awaited before its answer: a refusal drops the upstream
 connection (vLLM aborts the request) and is the client's answer. The admission runs as a
 task of its own, which cancelling the request does not cancel: one that was granted
@@ -27,11 +27,11 @@ from fastapi.responses import Response
 from starlette.types import Receive
 
 from billing.meter import Admission, AdmissionRefused, Meter, Outcome, UsageReport
-from gateway.admission import refusal_error
-from gateway.assemble import Assembler
+from gateway.api.admission import refusal_error
+from gateway.api.answers import Assembler
+from gateway.api.stream import COST_FIELD, EventWriter
 from gateway.errors import GatewayError, upstream_unavailable
 from gateway.metrics import GatewayMetrics
-from gateway.sse import COST_FIELD, EventWriter
 from gateway.upstream.downstream import (
     ClientGone,
     SendEvent,

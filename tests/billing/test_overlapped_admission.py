@@ -1,5 +1,5 @@
 """A request of a key clear of its limits goes upstream while its admission is on its way
-(gateway/admission.py), through a real gateway process with billing's real Meter, and is
+(gateway/api/admission.py), through a real gateway process with billing's real Meter, and is
 answered only once billing has admitted it; a refusal arriving after the request went
 upstream drops it there and is the client's answer; a request that ends while its
 admission is on its way still settles the reservation that admission made.
@@ -38,7 +38,7 @@ from usage_upstream import events, health, models
 from billing.meter import Admission, AdmissionRequest
 from billing.settings import BillingSettings
 from gateway.access.keys import KeyStore
-from gateway.admission import MAX_OVERLAPPED_PER_KEY, OVERLAP_HEADROOM, AdmissionStanding
+from gateway.api.admission import MAX_OVERLAPPED_PER_KEY, OVERLAP_HEADROOM, AdmissionStanding
 from serving.process import free_port
 
 CHAT = {"model": "composer-2.5", "messages": [{"role": "user", "content": "hi"}],

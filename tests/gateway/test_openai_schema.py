@@ -27,7 +27,7 @@ from billing.events import answer_cost
 from billing.meter import UsageReport
 from billing.pricing import load_pricebook
 from billing.settings import DEFAULT_PRICEBOOK_PATH
-from gateway.sse import StreamRewriter, error_event
+from gateway.api.stream import StreamRewriter, error_event
 from serving.vocabulary import ANSWER_SERVICE_TIERS, DEFAULT_TIER, SERVICE_TIERS, Tier
 
 pytestmark = pytest.mark.vllm

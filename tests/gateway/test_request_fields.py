@@ -1,4 +1,4 @@
-"""The written policy for request fields (gateway/protocol.py, README "Request fields"):
+"""The written policy for request fields (gateway/api/protocol.py, README "Request fields"):
 every OpenAI parameter is passed to vLLM, applied, ignored or refused, and any other field
 is a 400 naming it. The live tests go through the real ``openai`` SDK to a real gateway and vLLM;
 the others check the policy against the installed SDK's own parameter lists, so that a
@@ -21,9 +21,8 @@ from openai.types import completion_create_params as completion_params
 from openai.types.chat import completion_create_params as chat_params
 from openai.types.shared.reasoning_effort import ReasoningEffort as SdkReasoningEffort
 
-from gateway.errors import GatewayError
-from gateway.generation import GenerationHandler
-from gateway.protocol import (
+from gateway.api.handler import GenerationHandler
+from gateway.api.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     Policy,
@@ -31,6 +30,7 @@ from gateway.protocol import (
     field_policy,
     parse_request,
 )
+from gateway.errors import GatewayError
 from gateway.settings import GatewaySettings
 from gateway.upstream.tiers import TierRoute
 from serving.settings import ServingSettings

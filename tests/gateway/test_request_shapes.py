@@ -79,7 +79,7 @@ def test_best_of_is_refused_before_admission(
     shaped: tuple[GatewayServer, RecordingMeter], api_key: str
 ) -> None:
     """``best_of`` above 1 (more sequences sampled than choices returned) would cost more
-    than ``n`` reserves: it is refused (gateway.protocol), before anything is admitted."""
+    than ``n`` reserves: it is refused (gateway.api.protocol), before anything is admitted."""
     gateway, meter = shaped
     body = {"model": "composer-2.5", "prompt": "a", "max_tokens": 3, "best_of": 4}
     response = post(gateway, api_key, "/v1/completions", body)

@@ -17,11 +17,11 @@ from openai.types.responses import Response, ResponseStreamEvent
 from openai.types.responses import response_create_params as responses_params
 from pydantic import TypeAdapter
 
+from gateway.api.protocol import Policy, field_policy, parse_request
+from gateway.api.responses.events import ResponseEventWriter
+from gateway.api.responses.output import ResponseAssembler
+from gateway.api.responses.protocol import ResponsesRequest
 from gateway.errors import GatewayError
-from gateway.protocol import Policy, field_policy, parse_request
-from gateway.responses.events import ResponseEventWriter
-from gateway.responses.output import ResponseAssembler
-from gateway.responses.protocol import ResponsesRequest
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 REQUEST_ID = "req_0123456789abcdef"

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from gateway.generation import prefix_key
+from gateway.api.protocol import ChatCompletionRequest, CompletionRequest
+from gateway.api.shaping import prefix_key
 from gateway.metrics import GatewayMetrics
-from gateway.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.upstream.engine_slots import EngineSlots, SlotPolicy
 from gateway.upstream.pools import Replica, UpstreamPool
 from gateway.upstream.routing import LOAD_SLACK, PrefixTable

@@ -9,7 +9,7 @@ every parameter of the installed openai SDK has one):
   gateway reads it to pick the tier, and vLLM gets that tier's priority instead).
 - APPLIED (``applied(...)``): validated and turned by the gateway into what vLLM needs
   (``reasoning_effort`` and ``verbosity`` become chat template kwargs and a thinking
-  budget, ``GenerationHandler.shape``); never sent to vLLM as written.
+  budget, ``gateway.api.shaping.apply_reasoning``); never sent to vLLM as written.
 - IGNORED (``ignored(...)``): accepted and validated, never sent to vLLM. OpenAI platform
   features with no effect on an answer's content (storage, caching hints, end-user ids).
 - REFUSED (``refused(...)``): a 400 ``unsupported_parameter`` naming the field when its
@@ -252,7 +252,7 @@ class ChatCompletionRequest(PlatformHints, SamplingParams):
     store: bool | None = ignored("nothing is stored: there is no stored-completions API")
     metadata: Metadata | None = ignored("tags stored completions at OpenAI; kept nowhere")
 
-    # APPLIED (GenerationHandler.shape): chat template kwargs and vLLM's thinking budget.
+    # APPLIED (shaping.apply_reasoning): chat template kwargs and vLLM's thinking budget.
     reasoning_effort: ReasoningEffort | None = applied(
         "thinks up to the variants file's budget for the effort; absent is none"
     )
@@ -372,7 +372,7 @@ def param_path(loc: tuple[int | str, ...]) -> str:
 
 
 _UNION_TAGS = {"str", "int", "float", "bool", "NamedToolChoice", "TextPart", "[key]",
-               # gateway.responses' input items and tool choices
+               # gateway.api.responses' input items and tool choices
                "input_message", "input_function_call", "input_function_call_output",
                "input_reasoning", "string", "list",
                "FunctionChoice", "InputText"}  # fmt: skip

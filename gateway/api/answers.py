@@ -22,7 +22,7 @@ from typing import Any
 
 import pydantic_core
 
-from gateway.sse import UsageTally, drop_null_usage_details, event_payload, split_events
+from gateway.api.stream import UsageTally, drop_null_usage_details, event_payload, split_events
 
 
 class Assembler:
@@ -188,7 +188,7 @@ class ChatAssembler(Assembler):
         }
         if calls:  # vLLM leaves an empty list out
             message["tool_calls"] = calls
-        # Named as the stream names it (sse.rename_reasoning).
+        # Named as the stream names it (stream.rename_reasoning).
         message["reasoning_content"] = state["reasoning"]
         return {
             "index": state["index"],

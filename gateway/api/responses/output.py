@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.assemble import ChatAssembler
-from gateway.responses.protocol import FunctionChoice, ResponsesRequest, TextConfig
+from gateway.api.answers import ChatAssembler
+from gateway.api.responses.protocol import FunctionChoice, ResponsesRequest, TextConfig
 
 
 def response_id(request_id: str) -> str:

@@ -11,7 +11,7 @@ error, an upstream cut, the gateway's maximum duration) ends with ``response.fai
 whose Response carries the error and the usage billed until then.
 
 Billing settles on ``usage``: chat usage from vLLM's continuous usage stats, exactly as
-for a chat stream (``sse.UsageTally``).
+for a chat stream (``gateway.api.stream.UsageTally``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 import pydantic_core
 
-from gateway.responses.output import (
+from gateway.api.responses.output import (
     finish_status,
     function_call_item,
     item_id,
@@ -30,8 +30,8 @@ from gateway.responses.output import (
     response_usage,
     skeleton,
 )
-from gateway.responses.protocol import ResponsesRequest
-from gateway.sse import COST_FIELD, UsageCost, UsageTally, event_payload, split_events
+from gateway.api.responses.protocol import ResponsesRequest
+from gateway.api.stream import COST_FIELD, UsageCost, UsageTally, event_payload, split_events
 from serving.vocabulary import ANSWER_SERVICE_TIERS, Tier
 
 #: Per text-bearing item kind: its content part, and the prefix of its text events.

@@ -1,5 +1,5 @@
 """The ``POST /v1/responses`` request: validated with a written field policy (as chat's in
-gateway.protocol: passed, ignored or refused, any other top-level field a 400 naming it),
+gateway.api.protocol: passed, ignored or refused, any other top-level field a 400 naming it),
 and translated into the chat completion request it means (``ResponsesRequest.to_chat``)."""
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from gateway.errors import GatewayError, bad_request
-from gateway.protocol import (
+from gateway.api.protocol import (
     INT64_MAX,
     ChatCompletionRequest,
     FunctionDefinition,
@@ -28,6 +27,7 @@ from gateway.protocol import (
     ignored,
     refused,
 )
+from gateway.errors import GatewayError, bad_request
 from serving.vocabulary import ReasoningEffort, Verbosity
 
 #: Chat parameters the shared request checks may name, as a responses client knows them.
@@ -146,7 +146,7 @@ class TextConfig(OpenAIModel):
 
 
 class ResponsesRequest(PlatformHints):
-    """A ``POST /v1/responses`` body; top-level fields are strict, as in gateway.protocol."""
+    """A ``POST /v1/responses`` body; top-level fields are strict, as in gateway.api.protocol."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 

@@ -129,7 +129,7 @@ def add_cost(usage: object, cost: UsageCost | None) -> None:
 
 class EventWriter(Protocol):
     """What the relay needs of a stream's writer: ``StreamRewriter`` for chat and text
-    completions, ``gateway.responses.events.ResponseEventWriter`` for responses."""
+    completions, ``gateway.api.responses.events.ResponseEventWriter`` for responses."""
 
     #: The upstream stream ended with ``[DONE]``.
     done: bool
