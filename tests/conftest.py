@@ -8,7 +8,6 @@ checkpoint while developing; CI always starts its own.
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 
 from serving.process import ManagedProcess, free_port
 from serving.valkey import start_valkey
+from tests.support.cstack import cstack_command
 
 
 @pytest.fixture(scope="session")
@@ -23,11 +23,6 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from serving.tiny import build_tiny_checkpoint
 
     return build_tiny_checkpoint(tmp_path_factory.mktemp("models") / "tiny", seed=0)
-
-
-def cstack_command(*args: str) -> list[str]:
-    """The `cstack` CLI as this interpreter runs it (no reliance on PATH)."""
-    return [sys.executable, "-m", "deploy.cli", *args]
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,7 @@
 
 Every top-level field of a chat or text completion request has one written policy, declared
 once, on the request models below (``field_policy`` lists them; the README's "Request
-fields" section is the same lists, ``tests/gateway/test_request_fields.py`` checks that
+fields" section is the same lists, ``tests/gateway/api/test_request_fields.py`` checks that
 every parameter of the installed openai SDK has one):
 
 - PASSED: modelled, validated and sent to vLLM (``service_tier`` is the exception: the

@@ -46,7 +46,7 @@ def gateways(
     # A Redis call that times out under this burst on two cores would fail closed (503):
     # safe, but not what this test is about. Nor is engine admission: the stand-in upstream
     # is no engine with a batch size, and a hundred concurrent requests must reach it
-    # (tests/gateway/test_capacity.py covers admission).
+    # (tests/gateway/upstream/test_engine_slots.py covers admission).
     values = {
         **billing_settings.model_dump(),
         "redis_timeout_s": 15,

@@ -8,13 +8,14 @@ from typing import Any
 
 import openai
 import pytest
-from gateway_support import ADMIN_TOKEN, Forwarder, GatewayServer, RecordingMeter, create_key
 
 from billing.accounts import BillingAccounts
 from billing.meter import Meter, UnmeteredMeter
 from billing.reporting import UnmeteredUsageReader, UsageReader
 from gateway.settings import GatewaySettings
 from serving.process import free_port
+from tests.support.fakes.upstream import Forwarder
+from tests.support.gateway import ADMIN_TOKEN, GatewayServer, RecordingMeter, create_key
 
 
 @pytest.fixture(scope="session")

@@ -1,3 +1,5 @@
 """What the tests share: stand-ins for what cannot run here (``fakes``: Stripe's servers,
-an upstream that reports usage, a Valkey cluster, gateway processes), builders of test
-data, and waits. Import it as ``tests.support.<module>``; nothing imports a conftest."""
+upstream replicas, an upstream that reports usage, a Valkey cluster, gateway processes),
+the gateway as the tests run it (``gateway``), the `cstack` command (``cstack``), builders
+of test data, and waits. Import it as ``tests.support.<module>``; nothing imports a
+conftest."""

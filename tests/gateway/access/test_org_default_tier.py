@@ -9,10 +9,9 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from gateway_support import ADMIN_TOKEN, GatewayServer, RecordingMeter
-from test_keys import cstack
 
 from serving.vocabulary import ANSWER_SERVICE_TIERS, Tier
+from tests.support.gateway import ADMIN_TOKEN, GatewayServer, RecordingMeter, cstack_keys
 
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
 #: (requested service_tier, tier served for an org whose default is standard, ... fast)
@@ -90,13 +89,13 @@ def test_bad_default_tiers_are_400s(gateway: GatewayServer) -> None:
 
 @pytest.mark.parametrize("tier", ["standard", "fast"])
 def test_cli_sets_the_default_tier(gateway: GatewayServer, redis_url: str, tier: str) -> None:
-    created = cstack(redis_url, "create", "--org", "cli-tier-co")
+    created = cstack_keys(redis_url, "create", "--org", "cli-tier-co")
     assert created.exit_code == 0, created.output
-    result = cstack(redis_url, "default-tier", "cli-tier-co", tier)
+    result = cstack_keys(redis_url, "default-tier", "cli-tier-co", tier)
     assert result.exit_code == 0
     assert result.stdout.strip() == f"org cli-tier-co: default tier {tier}"
     org = httpx.get(f"{gateway.internal_url}/admin/orgs/cli-tier-co", headers=ADMIN).json()
     assert org["default_tier"] == tier
-    refused = cstack(redis_url, "default-tier", "cli-tier-co", "turbo")
+    refused = cstack_keys(redis_url, "default-tier", "cli-tier-co", "turbo")
     assert refused.exit_code == 1
     assert refused.stderr.strip() == "error: invalid tier 'turbo': one of fast, standard"

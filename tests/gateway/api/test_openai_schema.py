@@ -20,7 +20,6 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway_support import WEATHER_TOOL, GatewayServer, RecordingMeter
 from jsonschema import Draft202012Validator
 
 from billing.events import answer_cost
@@ -29,12 +28,13 @@ from billing.pricing import load_pricebook
 from billing.settings import DEFAULT_PRICEBOOK_PATH
 from gateway.api.stream import StreamRewriter, error_event
 from serving.vocabulary import ANSWER_SERVICE_TIERS, DEFAULT_TIER, SERVICE_TIERS, Tier
+from tests.support.gateway import WEATHER_TOOL, GatewayServer, RecordingMeter
 
 pytestmark = pytest.mark.vllm
 
 BOOK = load_pricebook(DEFAULT_PRICEBOOK_PATH)
 SCHEMA: dict[str, Any] = json.loads(
-    Path(__file__).with_name("openai_response_schema.json").read_text()
+    (Path(__file__).parents[1] / "openai_response_schema.json").read_text()
 )
 CHAT: dict[str, Any] = {
     "model": "composer-2.5",

@@ -13,9 +13,10 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway_support import GatewayServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from tests.support.gateway import GatewayServer
 
 pytestmark = pytest.mark.vllm
 

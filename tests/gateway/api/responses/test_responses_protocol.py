@@ -23,7 +23,7 @@ from gateway.api.responses.output import ResponseAssembler
 from gateway.api.responses.protocol import ResponsesRequest
 from gateway.errors import GatewayError
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[4] / "README.md"
 REQUEST_ID = "req_0123456789abcdef"
 EVENTS: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
 

@@ -23,17 +23,17 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from gateway_support import create_key, metric_value
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import worker_slot_policies
 from gateway.upstream.engine_slots import SlotPolicy, share
 from serving.process import free_port
 from tests.billing.usage_upstream import SLOW_SEED
-from tests.conftest import cstack_command
+from tests.support.cstack import cstack_command
+from tests.support.gateway import create_key, metric_value
 from tests.support.waits import wait_until
 
-STAND_IN = Path(__file__).parents[1] / "billing" / "usage_upstream.py"
+STAND_IN = Path(__file__).parents[2] / "billing" / "usage_upstream.py"
 CHAT = {"model": "composer-2.5", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 
 

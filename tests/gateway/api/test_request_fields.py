@@ -16,7 +16,6 @@ from typing import Any
 
 import openai
 import pytest
-from gateway_support import GatewayServer, RecordingMeter
 from openai.types import completion_create_params as completion_params
 from openai.types.chat import completion_create_params as chat_params
 from openai.types.shared.reasoning_effort import ReasoningEffort as SdkReasoningEffort
@@ -36,8 +35,9 @@ from gateway.upstream.tiers import TierRoute
 from serving.settings import ServingSettings
 from serving.variants import load_variants
 from serving.vocabulary import REASONING_EFFORTS, ReasoningEffort
+from tests.support.gateway import GatewayServer, RecordingMeter
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[3] / "README.md"
 MESSAGES: list[Any] = [{"role": "user", "content": "Say hello."}]
 #: vLLM's sampling extensions the gateway passes on (RL rollouts use them): the only
 #: fields outside OpenAI's parameters, so that adding one is a decision made here too.

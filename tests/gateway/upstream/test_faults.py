@@ -16,11 +16,13 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from gateway_support import Forwarder, GatewayServer, RecordingMeter, metric_value
 from openai.types.chat import ChatCompletionChunk
 
 from serving.process import free_port
-from tests.conftest import cstack_command
+from tests.support.cstack import cstack_command
+from tests.support.fakes.upstream import Forwarder
+from tests.support.gateway import GatewayServer, RecordingMeter, metric_value
+from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.vllm
 
@@ -83,13 +85,17 @@ def test_replica_killed_during_a_run_requests_keep_succeeding(
         after = list(pool.map(one_request, [12] * 12))
     assert [future.result() for future in caught] == ["length"] * 4
     assert after == ["length"] * 12
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        metrics = httpx.get(f"{gateway.internal_url}/metrics").text
-        if metric_value(metrics, "cstack_upstream_healthy", tier="fast") == 1:
-            break
-        time.sleep(0.1)
-    assert metric_value(metrics, "cstack_upstream_healthy", tier="fast") == 1
+
+    def fast_metrics() -> str:
+        return httpx.get(f"{gateway.internal_url}/metrics").text
+
+    wait_until(
+        lambda: metric_value(fast_metrics(), "cstack_upstream_healthy", tier="fast") == 1,
+        "the dead fast replica to be marked down",
+        timeout_s=10,
+        interval_s=0.1,
+    )
+    metrics = fast_metrics()
     assert metric_value(metrics, "cstack_upstream_replicas", tier="fast") == 2
     # Requests caught on the dead replica went to the live one instead of failing.
     assert metric_value(metrics, "cstack_upstream_retries_total", tier="fast") >= 1
@@ -296,11 +302,12 @@ def test_sigterm_with_a_stream_in_flight_exits_within_the_grace(
         cstack_command("gateway", "--port", str(port)), env=env, stdout=log, stderr=log
     )
     try:
-        deadline = time.monotonic() + 60
-        while not _ready(f"http://127.0.0.1:{port}/readyz"):
-            assert time.monotonic() < deadline, "cstack gateway did not become ready"
+
+        def ready() -> bool:
             assert gateway.poll() is None, "cstack gateway exited at start"
-            time.sleep(0.1)
+            return _ready(f"http://127.0.0.1:{port}/readyz")
+
+        wait_until(ready, "cstack gateway to become ready", timeout_s=60, interval_s=0.1)
         client = openai.OpenAI(
             base_url=f"http://127.0.0.1:{port}/v1", api_key=api_key, max_retries=0, timeout=60
         )

@@ -8,9 +8,9 @@ from collections.abc import Callable
 
 import httpx
 import pytest
-from gateway_support import GatewayServer, RecordingMeter, metric_value
 
 from billing.meter import AdmissionRefused
+from tests.support.gateway import GatewayServer, RecordingMeter, metric_value
 
 pytestmark = pytest.mark.vllm
 

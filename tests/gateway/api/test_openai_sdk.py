@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import openai
 import pytest
-from gateway_support import GatewayServer
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+from tests.support.gateway import GatewayServer
 
 pytestmark = pytest.mark.vllm
 

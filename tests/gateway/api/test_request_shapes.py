@@ -10,9 +10,9 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway_support import GatewayServer, RecordingMeter
 
 from billing.meter import AdmissionRefused
+from tests.support.gateway import GatewayServer, RecordingMeter
 
 pytestmark = pytest.mark.vllm
 

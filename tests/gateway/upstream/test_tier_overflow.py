@@ -15,13 +15,20 @@ from typing import Any
 
 import httpx
 import openai
-from gateway_support import ADMIN_TOKEN, Forwarder, GatewayServer, RecordingMeter, metric_value
 from openai.types.chat import ChatCompletionMessageParam
-from test_keys import cstack
 
 from serving.profile import detect_profile
 from serving.settings import ServingSettings
 from serving.variants import load_variants
+from tests.support.fakes.upstream import Forwarder
+from tests.support.gateway import (
+    ADMIN_TOKEN,
+    GatewayServer,
+    RecordingMeter,
+    cstack_keys,
+    metric_value,
+)
+from tests.support.waits import wait_until
 
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hi"}]
@@ -53,11 +60,15 @@ def fill(gateway: GatewayServer, key: str, requests: int) -> list[threading.Thre
     threads = [threading.Thread(target=hold, daemon=True) for _ in range(requests)]
     for thread in threads:
         thread.start()
-    deadline = time.monotonic() + 30
     metrics = f"{gateway.internal_url}/metrics"
-    while metric_value(httpx.get(metrics).text, "cstack_inflight_requests", tier="fast") < requests:
-        assert time.monotonic() < deadline, "the fast requests never reached the fast engine"
-        time.sleep(0.05)
+    wait_until(
+        lambda: (
+            metric_value(httpx.get(metrics).text, "cstack_inflight_requests", tier="fast")
+            >= requests
+        ),
+        "the fast requests to reach the fast engine",
+        timeout_s=30,
+    )
     return threads
 
 
@@ -134,11 +145,11 @@ def test_overflow_is_set_per_org_by_admin_api_and_cli(
     )
     assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "fast_overflow"
 
-    off = cstack(redis_url, "fast-overflow", "flex-co", "off")
+    off = cstack_keys(redis_url, "fast-overflow", "flex-co", "off")
     assert off.exit_code == 0 and "fast overflow to standard off" in off.stdout
     org = httpx.get(f"{gateway.internal_url}/admin/orgs/flex-co", headers=ADMIN).json()
     assert org["fast_overflow"] is False
-    unknown = cstack(redis_url, "fast-overflow", "nobody-co", "on")
+    unknown = cstack_keys(redis_url, "fast-overflow", "nobody-co", "on")
     assert unknown.exit_code != 0 and "unknown org" in unknown.output
-    bad = cstack(redis_url, "fast-overflow", "flex-co", "maybe")
+    bad = cstack_keys(redis_url, "fast-overflow", "flex-co", "maybe")
     assert bad.exit_code != 0

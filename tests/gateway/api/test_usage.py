@@ -10,12 +10,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from gateway_support import GatewayServer, create_key
 from sqlalchemy import text
 
 from billing.ledger import make_engine, migrate
 from billing.settings import DEFAULT_PRICEBOOK_PATH
 from billing.usage_reader import LedgerUsageReader
+from tests.support.gateway import GatewayServer, create_key
 
 
 def test_usage_is_a_503_until_the_ledger_is_migrated(

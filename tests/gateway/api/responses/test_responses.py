@@ -15,10 +15,10 @@ from typing import Any
 
 import openai
 import pytest
-from gateway_support import WEATHER_TOOL, GatewayServer, RecordingMeter
 
 from serving.settings import ServingSettings
 from serving.variants import load_variants
+from tests.support.gateway import WEATHER_TOOL, GatewayServer, RecordingMeter
 
 pytestmark = pytest.mark.vllm
 

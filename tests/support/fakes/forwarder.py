@@ -1,6 +1,6 @@
 """A TCP forwarder run as its own process: an upstream "replica" the tests can kill.
 
-``python tests/gateway/forwarder.py LISTEN_PORT TARGET_HOST TARGET_PORT`` relays bytes
+``python tests/support/fakes/forwarder.py LISTEN_PORT TARGET_HOST TARGET_PORT`` relays bytes
 both ways; killing it (SIGKILL) drops every connection mid-flight exactly as a crashed
 vLLM replica would, while the shared vLLM behind it keeps running.
 

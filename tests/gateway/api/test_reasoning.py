@@ -12,10 +12,10 @@ from typing import Any
 
 import openai
 import pytest
-from gateway_support import GatewayServer, RecordingMeter
 
 from serving.settings import ServingSettings
 from serving.variants import load_variants
+from tests.support.gateway import GatewayServer, RecordingMeter
 
 pytestmark = pytest.mark.vllm
 

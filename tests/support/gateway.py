@@ -1,18 +1,15 @@
-"""Helpers for the gateway tests: a threaded real gateway, keys in Redis, killable forwarders."""
+"""The gateway as the tests run it: a real gateway app on real sockets in a thread, keys in
+Redis, `cstack keys` in-process, a meter that records what it was told, metric reading."""
 
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import threading
-import time
-from pathlib import Path
-from urllib.parse import urlparse
 
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
+from typer.testing import CliRunner, Result
 
 from billing.accounts import BillingAccounts
 from billing.meter import (
@@ -29,6 +26,7 @@ from gateway.app import create_app
 from gateway.server.listeners import bind_listeners, server_config
 from gateway.settings import GatewaySettings
 from serving.process import free_port
+from tests.support.waits import wait_until
 
 ADMIN_TOKEN = "test-admin-token"
 #: A function tool the tiny model can be asked to call (tool-call tests).
@@ -43,7 +41,6 @@ WEATHER_TOOL = {
         },
     },
 }
-FORWARDER = Path(__file__).with_name("forwarder.py")
 
 
 class GatewayServer:
@@ -75,16 +72,25 @@ class GatewayServer:
 
     def start(self) -> GatewayServer:
         self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("gateway did not start")
-            time.sleep(0.02)
+
+        def started() -> bool:
+            assert self.thread.is_alive(), "the gateway's thread ended before it started"
+            return bool(self.server.started)
+
+        wait_until(started, "the gateway to start", timeout_s=30, interval_s=0.02)
         return self
 
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=15)
+
+
+def cstack_keys(redis_url: str, *args: str) -> Result:
+    """`cstack keys ...` run in-process (the real command, without a 2-core import tax)."""
+    # Imported here: the whole CLI is a heavy import most users of this module never need.
+    from deploy.cli import app as cli_app
+
+    return CliRunner().invoke(cli_app, ["keys", *args], env={"CSTACK_REDIS_URL": redis_url})
 
 
 def create_key(redis_url: str, org: str, plan: str = "") -> tuple[str, str]:
@@ -102,62 +108,6 @@ def create_key(redis_url: str, org: str, plan: str = "") -> tuple[str, str]:
             await redis.aclose()  # type: ignore[attr-defined]
 
     return asyncio.run(run())
-
-
-class Forwarder:
-    """A separate process relaying a port to an upstream; ``kill`` is a hard crash."""
-
-    def __init__(
-        self,
-        target_url: str,
-        *,
-        overloaded: bool = False,
-        hang: bool = False,
-        stall_after: int | None = None,
-    ) -> None:
-        target = urlparse(target_url)
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                str(FORWARDER),
-                str(self.port),
-                target.hostname or "",
-                str(target.port),
-                *(["--overloaded"] if overloaded else []),
-                *(["--hang"] if hang else []),
-                *(["--stall-after", str(stall_after)] if stall_after is not None else []),
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.process.stdout is not None
-        assert self.process.stdout.readline().strip() == "ready"
-
-    def wait_stalled(self) -> None:
-        """Until a forwarder made with ``stall_after`` has relayed its bytes and stalled."""
-        assert self.process.stdout is not None
-        while (line := self.process.stdout.readline()) and line.strip() != "stalled":
-            pass
-        assert line, "the forwarder ended before it stalled"
-
-    def unread_by_clients(self) -> int:
-        """Bytes this forwarder sent that its clients' processes have not read yet: the
-        receive queues of this machine's TCP sockets connected to its port."""
-        unread = 0
-        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-            with open(table) as rows:
-                for row in list(rows)[1:]:
-                    fields = row.split()
-                    if int(fields[2].rsplit(":", 1)[1], 16) == self.port:
-                        unread += int(fields[4].split(":")[1], 16)
-        return unread
-
-    def kill(self) -> None:
-        self.process.kill()
-        # Generous: a loaded CI machine has been seen to take over 10 s to reap it.
-        self.process.wait(timeout=60)
 
 
 class RecordingMeter(UnmeteredMeter):
@@ -184,9 +134,7 @@ class RecordingMeter(UnmeteredMeter):
         self.settled.append(usage)
 
     def wait_settled(self, count: int, timeout_s: float = 30) -> list[UsageReport]:
-        deadline = time.monotonic() + timeout_s
-        while len(self.settled) < count and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: len(self.settled) >= count, f"{count} settlements", timeout_s)
         return list(self.settled)
 
 

@@ -10,11 +10,12 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from gateway_support import Forwarder, GatewayServer
 
 from gateway.upstream.engine_slots import EngineBusy, EngineSlots, SlotPolicy, slot_policies
 from serving.settings import DEFAULT_VARIANTS_FILE
 from serving.variants import load_variants
+from tests.support.fakes.upstream import Forwarder
+from tests.support.gateway import GatewayServer
 
 SHARED = SlotPolicy(size=8, shared=True, standard_max_share=0.75, standard_min_share=0.25)
 

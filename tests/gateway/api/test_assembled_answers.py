@@ -12,7 +12,8 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway_support import WEATHER_TOOL, GatewayServer
+
+from tests.support.gateway import WEATHER_TOOL, GatewayServer
 
 pytestmark = pytest.mark.vllm
 

@@ -11,8 +11,9 @@ from collections.abc import Callable
 import httpx
 import openai
 import pytest
-from gateway_support import Forwarder, GatewayServer, RecordingMeter, metric_value
 
+from tests.support.fakes.upstream import Forwarder
+from tests.support.gateway import GatewayServer, RecordingMeter, metric_value
 from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.vllm
