@@ -1,4 +1,6 @@
-"""Gateway: the OpenAI-compatible front door (tiers, keys, upstream pools, metrics).
+"""Gateway: the OpenAI-compatible front door (tiers, keys, upstream pools, metrics), grouped
+as ``api`` (the endpoints), ``access`` (keys and auth), ``upstream`` (pools and the relay)
+and ``server`` (listeners and processes); README.md is the map.
 
 The app is ``gateway.app.create_app``; it is not re-exported here because FastAPI would
 then load with every ``gateway`` import, `cstack --help` (gateway.cli) included.
