@@ -28,6 +28,7 @@ from gateway.access.auth import Authenticator
 from gateway.access.keys import KeyStore
 from gateway.api.endpoints import ChatEndpoint, CompletionsEndpoint
 from gateway.api.handler import GenerationHandler
+from gateway.api.relay import Relay
 from gateway.api.responses.endpoint import ResponsesEndpoint
 from gateway.api.usage_routes import READ_METHODS, add_usage_routes
 from gateway.errors import (
@@ -41,7 +42,6 @@ from gateway.server.middleware import ListenerGuard, RequestContextMiddleware
 from gateway.settings import GatewaySettings
 from gateway.upstream.engine_slots import SlotPolicy, share, slot_policies
 from gateway.upstream.pools import Upstreams
-from gateway.upstream.relay import Relay
 from gateway.upstream.tiers import TierRouter
 from serving.profile import detect_profile
 from serving.settings import ServingSettings

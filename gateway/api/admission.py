@@ -6,7 +6,7 @@ that round trip (and, on a quiet gateway, the wake-up of a Redis on another core
 every request's latency. Most requests come from keys far from every limit, and those
 are *overlapped*: the request is written to its engine first, and the admission's answer
 is awaited while the engine works on it, before a byte of the answer is relayed
-(``gateway.upstream.relay``). A refusal then closes the upstream connection, which aborts the
+(``gateway.api.relay``). A refusal then closes the upstream connection, which aborts the
 request in vLLM: the client gets the refusal, exactly as if it had been waited for, and
 nothing it did not pay for.
 

@@ -31,13 +31,13 @@ from billing.meter import Admission, AdmissionRefused, AdmissionRequest, Meter
 from gateway.access.auth import Authenticator, Principal
 from gateway.api.admission import AdmissionStanding, refusal_error
 from gateway.api.endpoints import AnswerContext, Endpoint
+from gateway.api.exchange import Exchange
 from gateway.api.protocol import SamplingParams
+from gateway.api.relay import Relay
 from gateway.api.shaping import Shape, prefix_key, shape_request
 from gateway.errors import GatewayError, bad_request
 from gateway.server.middleware import CLIENT_REQUEST_ID, REQUEST_ID, TIER
 from gateway.settings import GatewaySettings
-from gateway.upstream.exchange import Exchange
-from gateway.upstream.relay import Relay
 from gateway.upstream.tiers import TierRoute, TierRouter
 from serving.vocabulary import TIERS, Tier
 

@@ -112,7 +112,7 @@ def event_payload(event: bytes) -> bytes | None:
     return event[5:].strip()
 
 
-#: The request's cost from its usage (``gateway.upstream.relay.Relay.usage_cost``), or None.
+#: The request's cost from its usage (``gateway.api.relay.Relay.usage_cost``), or None.
 UsageCost = Callable[[dict[str, Any]], dict[str, Any] | None]
 #: The extension field of an answer's final ``usage`` that carries it (OpenAI's usage
 #: object is open to extra fields, and the openai SDK keeps them: ``usage.cstack_cost``).

@@ -29,18 +29,14 @@ from starlette.types import Receive
 from billing.meter import Admission, AdmissionRefused, Meter, Outcome, UsageReport
 from gateway.api.admission import refusal_error
 from gateway.api.answers import Assembler
-from gateway.api.stream import COST_FIELD, EventWriter
-from gateway.errors import GatewayError, upstream_unavailable
-from gateway.metrics import GatewayMetrics
-from gateway.upstream.downstream import (
+from gateway.api.downstream import (
     ClientGone,
     SendEvent,
     SSEResponse,
     client_closed_request,
     until_disconnect,
 )
-from gateway.upstream.engine_slots import EngineBusy
-from gateway.upstream.exchange import (
+from gateway.api.exchange import (
     MAX_DURATION_CODE,
     Exchange,
     max_duration_exceeded,
@@ -48,6 +44,10 @@ from gateway.upstream.exchange import (
     upstream_error,
     usage_report,
 )
+from gateway.api.stream import COST_FIELD, EventWriter
+from gateway.errors import GatewayError, upstream_unavailable
+from gateway.metrics import GatewayMetrics
+from gateway.upstream.engine_slots import EngineBusy
 from gateway.upstream.http1 import UpstreamCut, UpstreamReadTimeout
 from gateway.upstream.pools import (
     NoUpstreamAvailable,
