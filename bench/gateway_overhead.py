@@ -366,7 +366,7 @@ def wait_http(url: str, process: subprocess.Popen[bytes], timeout_s: float = 120
 def make_key(redis_url: str, plan: str) -> str:
     from redis.asyncio import Redis
 
-    from gateway.keys import KeyStore
+    from gateway.access.keys import KeyStore
 
     async def create() -> str:
         redis = Redis.from_url(redis_url)

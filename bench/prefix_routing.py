@@ -39,9 +39,9 @@ import httpx
 from billed_stack import billed_gateway
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.generation import prefix_key
-from gateway.protocol import ChatCompletionRequest
-from gateway.routing import ROUTING_POLICIES, PrefixTable
+from gateway.api.protocol import ChatCompletionRequest
+from gateway.api.shaping import prefix_key
+from gateway.upstream.routing import ROUTING_POLICIES, PrefixTable
 from serving.engine import engine_for_variant
 from serving.launcher import VllmServer
 from serving.process import free_port

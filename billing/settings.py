@@ -53,7 +53,7 @@ class BillingSettings(CstackSettings):
     #: Per gateway and outage: worst-case list cost of the requests in flight plus the
     #: actual list cost of those finished ($2 by default), and the number of requests
     #: admitted. A
-    #: `cstack gateway --workers N` gives each worker process 1/N (gateway/workers.py).
+    #: `cstack gateway --workers N` gives each worker process 1/N (gateway/server/workers.py).
     redis_down_allowance_nano_usd: int = Field(default=2_000_000_000, ge=0)
     redis_down_allowance_requests: int = Field(default=500, ge=0)
     #: Admissions made ahead (meter/admit_ahead.py): a key sending many requests of one shape

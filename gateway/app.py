@@ -28,24 +28,26 @@ from billing.contract import (
     async_client,
     connect_early,
 )
-from gateway.admin import build_admin_router
-from gateway.auth import Authenticator
-from gateway.capacity import SlotPolicy, share, slot_policies
+from gateway.access.admin import build_admin_router
+from gateway.access.auth import Authenticator
+from gateway.access.keys import KeyStore
+from gateway.api.endpoints import ChatEndpoint, CompletionsEndpoint
+from gateway.api.handler import GenerationHandler
+from gateway.api.relay import Relay
+from gateway.api.responses.endpoint import ResponsesEndpoint
+from gateway.api.usage_routes import READ_METHODS, add_usage_routes
 from gateway.errors import (
     GatewayError,
     gateway_error_handler,
     http_exception_handler,
     validation_error_handler,
 )
-from gateway.generation import CHAT, COMPLETIONS, RESPONSES, GenerationHandler
-from gateway.keys import KeyStore
 from gateway.metrics import GatewayMetrics
-from gateway.middleware import ListenerGuard, RequestContextMiddleware
-from gateway.relay import Relay
+from gateway.server.middleware import ListenerGuard, RequestContextMiddleware
 from gateway.settings import GatewaySettings
-from gateway.tiers import TierRouter
-from gateway.upstream import Upstreams
-from gateway.usage_routes import READ_METHODS, add_usage_routes
+from gateway.upstream.engine_slots import SlotPolicy, share, slot_policies
+from gateway.upstream.pools import Upstreams
+from gateway.upstream.tiers import TierRouter
 from serving.profile import detect_profile
 from serving.settings import ServingSettings
 from serving.variants import load_variants
@@ -66,7 +68,7 @@ def create_app(
 ) -> FastAPI:
     """``accounts``: where the admin API records orgs' Stripe customers (none: billing is
     off). ``worker``: this process's index among ``settings.gateway_workers``
-    (gateway/workers.py)."""
+    (gateway/server/workers.py)."""
     accounts = accounts or UnbilledAccounts()
     parts = _build_parts(settings, meter, worker)
     app = FastAPI(
@@ -183,6 +185,12 @@ def _lifespan(
     return lifespan
 
 
+#: The generation endpoints (stateless: one object each serves every request).
+CHAT = ChatEndpoint()
+COMPLETIONS = CompletionsEndpoint()
+RESPONSES = ResponsesEndpoint()
+
+
 def _add_generation_routes(app: FastAPI, generation: GenerationHandler) -> None:
     async def chat_completions(request: Request) -> Response:
         return await generation.handle(request, CHAT)
@@ -202,7 +210,7 @@ def _add_generation_routes(app: FastAPI, generation: GenerationHandler) -> None:
 
 def _add_account_routes(app: FastAPI, auth: Authenticator, usage: UsageReader) -> None:
     """What a key may read about itself: the models it can call, its org's usage and
-    receipts (gateway.usage_routes)."""
+    receipts (gateway.api.usage_routes)."""
     models_body = {
         "object": "list",
         "data": [

@@ -60,8 +60,8 @@ def gateway(
     """Run the OpenAI-compatible gateway in front of the vLLM pools."""
     import os
 
-    from gateway.supervisor import ListenError, supervise
-    from gateway.workers import build_app, freeze_and_serve
+    from gateway.server.supervisor import ListenError, supervise
+    from gateway.server.workers import build_app, freeze_and_serve
 
     if workers is not None and workers < 1:
         _fail(f"--workers must be at least 1 (got {workers})")
@@ -227,7 +227,7 @@ def _valid(settings_class: Callable[..., T], **overrides: Any) -> T:
 
 
 def _store_error(message: str) -> Exception:
-    from gateway.keys import KeyStoreError
+    from gateway.access.keys import KeyStoreError
 
     return KeyStoreError(message)
 
@@ -246,7 +246,7 @@ def _with_store(action: Callable[[Any], Awaitable[T]]) -> T:
     """Run ``action`` on the key store; what the store refuses (an unknown org, a bad
     id...), an unreachable Redis or ledger ends the command with a one-line error."""
     from billing.contract import REDIS_FAILURES, AccountsUnavailable, RedisUrlError, async_client
-    from gateway.keys import KeyStore, KeyStoreError
+    from gateway.access.keys import KeyStore, KeyStoreError
 
     settings = _settings()
 

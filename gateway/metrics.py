@@ -4,11 +4,12 @@ Each app gets its own registry so several gateways can live in one process (test
 benchmark); ``/metrics`` renders it together with the process-wide default registry, where
 the billing meter registers its own ``cstack_`` metrics.
 
-Under ``cstack gateway --workers N`` (gateway/supervisor.py) every worker writes its samples to
-the directory in PROMETHEUS_MULTIPROC_DIR and ``/metrics``, whichever worker answers it,
-renders all workers' samples from there: counters and histograms summed, each gauge as its
-``multiprocess_mode`` says (``live*``: only running workers count). The per-process
-``process_*``/``python_*`` collectors are left out then: no sum of them means anything.
+Under ``cstack gateway --workers N`` (gateway/server/supervisor.py) every worker writes its
+samples to the directory in PROMETHEUS_MULTIPROC_DIR and ``/metrics``, whichever worker
+answers it, renders all workers' samples from there: counters and histograms summed, each
+gauge as its ``multiprocess_mode`` says (``live*``: only running workers count). The
+per-process ``process_*``/``python_*`` collectors are left out then: no sum of them means
+anything.
 """
 
 from __future__ import annotations

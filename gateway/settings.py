@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import NoDecode
 
-from gateway.routing import RoutingPolicy
+from gateway.upstream.routing import RoutingPolicy
 from serving.settings import CstackSettings
 
 UrlList = Annotated[list[str], NoDecode]
@@ -50,11 +50,11 @@ class GatewaySettings(CstackSettings):
     read_timeout_s: float = 600.0
     max_connections_per_upstream: int = 512
     #: Hold each engine's requests to its batch size and share its slots between the tiers
-    #: as serving/variants.yaml's ``admission`` says (gateway/capacity.py). Off only for
-    #: benchmarks of the relay itself against a stub upstream.
+    #: as serving/variants.yaml's ``admission`` says (gateway/upstream/engine_slots.py).
+    #: Off only for benchmarks of the relay itself against a stub upstream.
     engine_admission: bool = True
     #: How a pool of several replicas picks one: ``prefix`` (to the replica holding the
-    #: request's prompt prefix in its cache, balanced against load: gateway/routing.py),
+    #: request's prompt prefix in its cache, balanced against load: gateway/upstream/routing.py),
     #: ``least_outstanding`` or ``round_robin``.
     routing: RoutingPolicy = "prefix"
     health_interval_s: float = 1.0
@@ -99,7 +99,7 @@ class GatewaySettings(CstackSettings):
 
     log_level: str = "info"
     #: Processes serving this gateway (CSTACK_GATEWAY_WORKERS, `--workers`): one event loop
-    #: uses one core at most, so N workers use N (gateway/supervisor.py). Default 1: the CPU
+    #: uses one core at most, so N workers use N (gateway/server/supervisor.py). Default 1: the CPU
     #: count a process sees ignores its container's CPU limit, so the chart sets it from
     #: the pod's CPU instead.
     gateway_workers: int = Field(default=1, ge=1, le=256)
@@ -111,7 +111,7 @@ class GatewaySettings(CstackSettings):
     #: gateway that must not bill: benchmarks and tests of the relay itself.
     billing: bool = True
     #: Send a request upstream while its admission is still on its way, for keys clear of
-    #: every limit (CSTACK_OVERLAP_ADMISSION; gateway/admission.py): saves each such
+    #: every limit (CSTACK_OVERLAP_ADMISSION; gateway/api/admission.py): saves each such
     #: request billing's Redis round trip. Off: every request waits for its admission.
     overlap_admission: bool = True
     #: vLLM's API key (its VLLM_API_KEY), sent as ``Authorization: Bearer`` on every

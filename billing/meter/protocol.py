@@ -61,7 +61,7 @@ class Admission:
     #: About how many more requests like this one the key's rate limits and the org's
     #: budget admitted right after it (None: not known, e.g. admitted without Redis). The
     #: gateway sends a key's next request upstream while its admission is still on the way
-    #: only where this was comfortably above one (``gateway.admission``).
+    #: only where this was comfortably above one (``gateway.api.admission``).
     headroom: int | None = None
 
 

@@ -131,7 +131,7 @@ def own_valkey(tmp_path: Path) -> Iterator[ValkeyServer]:
 
 @pytest.fixture
 def usage_upstream(tmp_path: Path) -> Iterator[str]:
-    """The fast OpenAI-speaking stand-in (``usage_upstream.py``) streaming vLLM's usage,
+    """The fast OpenAI-speaking stand-in (tests.support.fakes.upstream) streaming vLLM's usage,
     for load that CPU vLLM cannot serve in a test's time; its base URL."""
     port = free_port()
     log = (tmp_path / "upstream.log").open("wb")

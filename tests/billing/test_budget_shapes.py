@@ -3,7 +3,7 @@ mixed shapes (prompt lists, n > 1, streams, streams longer than the reservation 
 clients hanging up) against a small budget: the org ends at most one request's worst case
 over it, and every admitted request is settled with the tokens the upstream reported.
 
-The upstream is a stand-in (``usage_upstream.py``) that streams vLLM's continuous usage,
+The upstream is a stand-in (tests.support.fakes.upstream) that streams vLLM's continuous usage,
 fast: real vLLM on two shared cores cannot serve this load in a test's time.
 
 The requests come in two waves of 100. The first starts long streams (longer than the
@@ -47,7 +47,7 @@ def gateways(
     # A Redis call that times out under this burst on two cores would fail closed (503):
     # safe, but not what this test is about. Nor is engine admission: the stand-in upstream
     # is no engine with a batch size, and a hundred concurrent requests must reach it
-    # (tests/gateway/test_capacity.py covers admission).
+    # (tests/gateway/upstream/test_engine_slots.py covers admission).
     values = {
         **billing_settings.model_dump(),
         "redis_timeout_s": 15,

@@ -3,7 +3,7 @@ its requests take admissions made ahead (``billing.meter.admit_ahead``), and the
 exactly what was metered: one usage event per answered request, the budget's ``used`` their sum and
 nothing left reserved once the gateways have stopped and given back what no request took.
 
-The upstream is the fast stand-in (``usage_upstream.py``): admissions are made ahead only
+The upstream is the fast stand-in (tests.support.fakes.upstream): admissions are made ahead only
 for a key sending several requests of a shape a second, more than CPU vLLM answers here.
 """
 

@@ -26,7 +26,7 @@ from tests.support.gateway_processes import gateway_processes
 from tests.support.waits import wait_until
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="session")]
-FORWARDER = Path(__file__).parents[1] / "gateway" / "forwarder.py"
+FORWARDER = Path(__file__).parents[1] / "support" / "fakes" / "forwarder.py"
 ENDLESS = {"model": "composer-2.5", "messages": [{"role": "user", "content": "A long story."}],
            "max_tokens": 1500, "ignore_eos": True}  # fmt: skip
 

@@ -23,7 +23,7 @@ from redis.asyncio import Redis
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import OperationalError
 
-from gateway.keys import KeyStore
+from gateway.access.keys import KeyStore
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((REPO / "deploy" / "grafana").glob("*.json"))

@@ -8,7 +8,6 @@ from typing import Any
 
 import openai
 import pytest
-from gateway_support import ADMIN_TOKEN, Forwarder, GatewayServer, RecordingMeter, create_key
 
 from billing.contract import (
     BillingAccounts,
@@ -19,6 +18,8 @@ from billing.contract import (
 )
 from gateway.settings import GatewaySettings
 from serving.process import free_port
+from tests.support.fakes.replica import Forwarder
+from tests.support.gateway import ADMIN_TOKEN, GatewayServer, RecordingMeter, create_key
 
 
 @pytest.fixture(scope="session")

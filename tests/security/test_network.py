@@ -28,7 +28,7 @@ import redis
 
 from deploy.settings import DeploySettings
 from deploy.stack import LocalStack
-from gateway.http1 import ConnectionPool
+from gateway.upstream.http1 import ConnectionPool
 from serving.engine import engine_for_variant
 from serving.metrics_relay import make_handler
 from serving.process import free_port
@@ -285,7 +285,7 @@ def keyed_engine() -> Iterator[str]:
 
 def test_gateway_sends_the_key_on_requests_and_health_checks(keyed_engine: str) -> None:
     from gateway.metrics import GatewayMetrics
-    from gateway.upstream import Upstreams
+    from gateway.upstream.pools import Upstreams
 
     async def exchange(api_key: str | None) -> tuple[int | None, int]:
         upstreams = Upstreams(

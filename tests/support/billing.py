@@ -20,7 +20,7 @@ from sqlalchemy import Engine
 from billing.meter.keyspace import Keyspace
 from billing.settings import DEFAULT_PRICEBOOK_PATH, BillingSettings
 from billing.stripe.customers import set_org_customer
-from gateway.keys import ApiKey, KeyStore
+from gateway.access.keys import ApiKey, KeyStore
 from tests.support.builders import admission_request, usage_for
 
 REPO = Path(__file__).resolve().parents[2]

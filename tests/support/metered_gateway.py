@@ -19,7 +19,7 @@ from billing.contract import (
     stripe_webhook_router,
 )
 from gateway.app import create_app
-from gateway.server import serve
+from gateway.server.listeners import serve
 from gateway.settings import GatewaySettings
 
 

@@ -1,5 +1,5 @@
 """A request of a key clear of its limits goes upstream while its admission is on its way
-(gateway/admission.py), through a real gateway process with billing's real Meter, and is
+(gateway/api/admission.py), through a real gateway process with billing's real Meter, and is
 answered only once billing has admitted it; a refusal arriving after the request went
 upstream drops it there and is the client's answer; a request that ends while its
 admission is on its way still settles the reservation that admission made.
@@ -34,8 +34,8 @@ from starlette.routing import Route
 
 from billing.meter.protocol import Admission, AdmissionRequest
 from billing.settings import BillingSettings
-from gateway.admission import MAX_OVERLAPPED_PER_KEY, OVERLAP_HEADROOM, AdmissionStanding
-from gateway.keys import KeyStore
+from gateway.access.keys import KeyStore
+from gateway.api.admission import MAX_OVERLAPPED_PER_KEY, OVERLAP_HEADROOM, AdmissionStanding
 from serving.process import free_port
 from tests.support.billing import keyspace, port_open, usage_entries
 from tests.support.fakes.upstream import events, health, models

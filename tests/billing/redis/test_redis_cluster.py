@@ -24,7 +24,7 @@ from billing.redis.client import RedisUrlError, async_client, parse_redis_url, s
 from billing.settings import BillingSettings
 from billing.stripe.webhooks import WebhookService
 from billing.worker import broker_url
-from gateway.keys import KeyStore
+from gateway.access.keys import KeyStore
 from tests.support.builders import admission_request, usage_for
 from tests.support.fakes.valkey_cluster import ValkeyCluster
 from tests.support.gateway_processes import gateway_processes

@@ -30,10 +30,10 @@ from billing.stripe.sync import sync_stripe
 from deploy.cli import app as cli_app
 from gateway.settings import GatewaySettings
 from serving.process import free_port
-from tests.gateway.gateway_support import ADMIN_TOKEN, GatewayServer
 from tests.support.billing import write_test_book
 from tests.support.builders import hand_event
 from tests.support.fakes.stripe import StripeStandIn
+from tests.support.gateway import ADMIN_TOKEN, GatewayServer
 
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
 

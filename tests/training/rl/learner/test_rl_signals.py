@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cstack_command
+from tests.support.commands import cstack_command
 from tests.support.waits import wait_until
 
 

@@ -1,0 +1,285 @@
+"""A non-streaming answer built from vLLM's stream, in the shape vLLM answers it unstreamed.
+
+The gateway asks vLLM for a stream (with continuous usage) even when the client asked for
+one JSON answer: then the tokens generated so far are known at every moment, and a client
+that hangs up, or a request that reaches its maximum duration, is billed for them (vLLM
+reports nothing for an unstreamed request it aborts). The assembled answer has the keys
+and values of vLLM's own non-streaming answer for chat and text completions: text or
+message (content, tool calls), logprobs, finish and stop reasons, token ids, usage with
+its details. One difference is vLLM's own: a tool call cut by ``max_tokens`` is a partial
+call when streamed, where the unstreamed answer has the raw text as content.
+
+Where vLLM's unstreamed answer breaks OpenAI's published schema
+(``tests/gateway/openai_response_schema.json``), the assembled one follows the schema:
+fields it lets be absent but not null (a message's ``annotations`` and ``function_call``,
+usage details, ``system_fingerprint``) are left out when vLLM has none, and a chat
+choice's logprobs carry ``refusal``. vLLM's own extra fields stay as vLLM answers them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pydantic_core
+
+from gateway.api.stream import UsageTally, drop_null_usage_details, event_payload, split_events
+
+
+class Assembler:
+    """Feed it the upstream's raw bytes; ``answer()`` once ``done``."""
+
+    object_name = ""
+
+    def __init__(self, choices_per_prompt: int | None) -> None:
+        self._choices_per_prompt = choices_per_prompt
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget what was fed (the request is sent again, to another replica)."""
+        self.tally = UsageTally(self._choices_per_prompt)
+        self.done = False
+        #: The error event vLLM sent in the stream, if any (``{"message", "code", ...}``).
+        self.error: dict[str, Any] | None = None
+        self.head: dict[str, Any] = {}
+        self.choices: dict[int, dict[str, Any]] = {}
+        self._buffer = b""
+
+    @property
+    def usage(self) -> dict[str, Any]:
+        return self.tally.usage
+
+    def feed(self, raw: bytes) -> None:
+        events, self._buffer = split_events(self._buffer + raw)
+        for event in events:
+            payload = event_payload(event)
+            if payload is None:
+                continue
+            if payload == b"[DONE]":
+                self.done = True
+                continue
+            try:
+                data = pydantic_core.from_json(payload)
+            except ValueError:
+                continue
+            if isinstance(data, dict):
+                self.chunk(data)
+
+    def chunk(self, data: dict[str, Any]) -> None:
+        if "error" in data:
+            error = data["error"]
+            self.error = error if isinstance(error, dict) else {"message": str(error)}
+            return
+        if not self.head:
+            self.head = {key: data.get(key) for key in ("id", "created", "model")}
+        for key in ("system_fingerprint", "metrics"):
+            if data.get(key) is not None:
+                self.head[key] = data[key]
+        usage = data.get("usage")
+        if usage and isinstance(usage, dict):
+            self.tally.observe(usage, data.get("choices"))
+        for choice in data.get("choices") or ():
+            if isinstance(choice, dict):
+                index = _index(choice)
+                state = self.choices.get(index)
+                if state is None:
+                    state = self.choices[index] = self.new_choice(index)
+                self.add(state, choice, data)
+                if choice.get("finish_reason") is not None:
+                    state["finish_reason"] = choice["finish_reason"]
+                    state["stop_reason"] = choice.get("stop_reason")
+
+    def new_choice(self, index: int) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def add(self, state: dict[str, Any], choice: dict[str, Any], data: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def answer_usage(self) -> dict[str, Any]:
+        usage = self.tally.usage
+        prompt = _int(usage.get("prompt_tokens"))
+        completion = _int(usage.get("completion_tokens"))
+        reported: dict[str, Any] = {
+            "prompt_tokens": prompt,
+            "total_tokens": _int(usage.get("total_tokens")) or prompt + completion,
+            "completion_tokens": completion,
+            "prompt_tokens_details": usage.get("prompt_tokens_details"),
+            "completion_tokens_details": usage.get("completion_tokens_details"),
+        }
+        drop_null_usage_details(reported)
+        return reported
+
+    def top(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "id": self.head.get("id"),
+            "object": self.object_name,
+            "created": self.head.get("created"),
+            "model": self.head.get("model"),
+            "choices": [self.finish(self.choices[i]) for i in sorted(self.choices)],
+            # The relay sets the tier that served the request.
+            "service_tier": None,
+            "usage": self.answer_usage(),
+        }
+        if self.head.get("system_fingerprint") is not None:
+            body["system_fingerprint"] = self.head["system_fingerprint"]
+        return body
+
+    def finish(self, state: dict[str, Any]) -> dict[str, Any]:
+        return state
+
+    def answer(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class ChatAssembler(Assembler):
+    object_name = "chat.completion"
+
+    def __init__(self, tool_choice: object) -> None:
+        # vLLM's unstreamed answer has content "" next to the calls of a named or required
+        # tool choice, and the parser's content (None when it is empty) for "auto".
+        self._forced_tools = tool_choice is not None and tool_choice not in ("auto", "none")
+        super().__init__(None)
+
+    def reset(self) -> None:
+        super().reset()
+        self.prompt_token_ids: Any = None
+
+    def new_choice(self, index: int) -> dict[str, Any]:
+        return {
+            "index": index,
+            "role": "assistant",
+            "content": None,
+            "reasoning": None,
+            "tool_calls": {},
+            "logprobs": None,
+            "finish_reason": None,
+            "stop_reason": None,
+            "token_ids": None,
+        }
+
+    def add(self, state: dict[str, Any], choice: dict[str, Any], data: dict[str, Any]) -> None:
+        if self.prompt_token_ids is None and data.get("prompt_token_ids") is not None:
+            self.prompt_token_ids = data["prompt_token_ids"]
+        delta = choice.get("delta") or {}
+        if delta.get("role"):
+            state["role"] = delta["role"]
+        for key in ("content", "reasoning"):
+            if isinstance(delta.get(key), str):
+                state[key] = (state[key] or "") + delta[key]
+        for call in delta.get("tool_calls") or ():
+            _add_tool_call(state["tool_calls"], call)
+        logprobs = choice.get("logprobs")
+        if isinstance(logprobs, dict):
+            if state["logprobs"] is None:
+                state["logprobs"] = {"content": [], "refusal": None}
+            state["logprobs"]["content"].extend(logprobs.get("content") or ())
+        if isinstance(choice.get("token_ids"), list):
+            state["token_ids"] = (state["token_ids"] or []) + choice["token_ids"]
+
+    def finish(self, state: dict[str, Any]) -> dict[str, Any]:
+        calls = [state["tool_calls"][i] for i in sorted(state["tool_calls"])]
+        content = state["content"]
+        if calls and not content:
+            content = "" if self._forced_tools else None
+        message: dict[str, Any] = {
+            "role": state["role"],
+            "content": content,
+            "refusal": None,
+            "audio": None,
+        }
+        if calls:  # vLLM leaves an empty list out
+            message["tool_calls"] = calls
+        # Named as the stream names it (stream.rename_reasoning).
+        message["reasoning_content"] = state["reasoning"]
+        return {
+            "index": state["index"],
+            "message": message,
+            "logprobs": state["logprobs"],
+            "finish_reason": state["finish_reason"],
+            "stop_reason": state["stop_reason"],
+            "token_ids": state["token_ids"],
+            "routed_experts": None,
+        }
+
+    def answer(self) -> dict[str, Any]:
+        return {
+            **self.top(),
+            "prompt_logprobs": None,
+            "prompt_token_ids": self.prompt_token_ids,
+            "prompt_text": None,
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "metrics": self.head.get("metrics"),
+        }
+
+
+def _add_tool_call(calls: dict[int, dict[str, Any]], delta: Any) -> None:
+    """A streamed tool call arrives as its id, type and name, then argument fragments."""
+    if not isinstance(delta, dict):
+        return
+    call = calls.get(_index(delta))
+    if call is None:
+        call = calls[_index(delta)] = {
+            "id": None,
+            "type": "function",
+            "function": {"name": "", "arguments": ""},
+        }
+    if delta.get("id"):
+        call["id"] = delta["id"]
+    if delta.get("type"):
+        call["type"] = delta["type"]
+    function = delta.get("function") or {}
+    if isinstance(function.get("name"), str):
+        call["function"]["name"] += function["name"]
+    if isinstance(function.get("arguments"), str):
+        call["function"]["arguments"] += function["arguments"]
+
+
+class CompletionAssembler(Assembler):
+    object_name = "text_completion"
+
+    def new_choice(self, index: int) -> dict[str, Any]:
+        return {
+            "index": index,
+            "text": "",
+            "logprobs": None,
+            "finish_reason": None,
+            "stop_reason": None,
+            "token_ids": None,
+            "prompt_logprobs": None,
+            "prompt_token_ids": None,
+            "routed_experts": None,
+        }
+
+    def add(self, state: dict[str, Any], choice: dict[str, Any], data: dict[str, Any]) -> None:
+        if isinstance(choice.get("text"), str):
+            state["text"] += choice["text"]
+        logprobs = choice.get("logprobs")
+        if isinstance(logprobs, dict):
+            if state["logprobs"] is None:
+                state["logprobs"] = {key: [] for key in _COMPLETION_LOGPROBS}
+            for key in _COMPLETION_LOGPROBS:
+                state["logprobs"][key].extend(logprobs.get(key) or ())
+        if isinstance(choice.get("token_ids"), list):
+            state["token_ids"] = (state["token_ids"] or []) + choice["token_ids"]
+        if state["prompt_token_ids"] is None and choice.get("prompt_token_ids") is not None:
+            state["prompt_token_ids"] = choice["prompt_token_ids"]
+
+    def answer(self) -> dict[str, Any]:
+        return {
+            **self.top(),
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "metrics": self.head.get("metrics"),
+        }
+
+
+_COMPLETION_LOGPROBS = ("text_offset", "token_logprobs", "tokens", "top_logprobs")
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) else 0
+
+
+def _index(item: dict[str, Any]) -> int:
+    index = item.get("index", 0)
+    return index if isinstance(index, int) else 0

@@ -1,0 +1,129 @@
+"""HTTP/1.1 with limits uvicorn does not have: the request line and headers together at
+most ``max_header_bytes`` and ``max_headers`` fields (else 431), the whole head within
+``header_timeout_s`` of the connection's first byte or of the previous response
+(slow-loris clients are dropped), and the whole body within ``body_timeout_s`` of the head
+(then the connection is closed; the app sees the client gone).
+
+``LimitedHttpProtocol`` subclasses uvicorn's ``httptools_impl.HttpToolsProtocol``, which
+is not a public API: uvicorn offers no hook into its parser callbacks, and these limits
+must count bytes and fields as the head is parsed, before uvicorn builds a request from
+it. Its overridden methods (``on_url``, ``on_header``, ``on_headers_complete``,
+``on_message_complete``, ``on_response_complete``, ``send_400_response``) may change in
+any uvicorn release, so uvicorn (and httptools) are pinned: the images install with
+``constraints-cpu.txt`` (deploy/docker/app.Dockerfile), the versions the tests ran
+(``tests/security/test_http.py`` holds the gateway to these limits).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from gateway.errors import error_body
+from gateway.settings import GatewaySettings
+
+
+class _HeadTooLarge(Exception):
+    """Raised inside a parser callback: httptools turns it into a parse error."""
+
+
+class LimitedHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with header size, header count and read-time limits."""
+
+    limits: GatewaySettings  # set on the subclass ``protocol_for`` makes
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._head_bytes = 0
+        self._head_fields = 0
+        self._head_too_large = False
+        self._read_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm(self.limits.header_timeout_s)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head_bytes = 0
+        self._head_fields = 0
+        self._arm(self.limits.header_timeout_s)
+
+    def on_url(self, url: bytes) -> None:
+        self._count(len(url), fields=0)
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count(len(name) + len(value), fields=1)
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._arm(self.limits.body_timeout_s)
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        # The next request's head must arrive in time too (uvicorn's keep-alive timeout
+        # covers only an idle connection, not one trickling a head).
+        if not self.transport.is_closing():
+            self._arm(self.limits.header_timeout_s)
+
+    def send_400_response(self, msg: str) -> None:
+        if not self._head_too_large:
+            super().send_400_response(msg)
+            return
+        limit = self.limits.max_header_bytes
+        body = json.dumps(
+            error_body(
+                f"request headers exceed {limit} bytes or {self.limits.max_headers} fields",
+                "invalid_request_error",
+                None,
+                "request_header_fields_too_large",
+            )
+        ).encode()
+        self.transport.write(
+            b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+            b"content-type: application/json\r\nconnection: close\r\n"
+            b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
+        self.transport.close()
+
+    def _count(self, size: int, fields: int) -> None:
+        self._head_bytes += size
+        self._head_fields += fields
+        if (
+            self._head_bytes > self.limits.max_header_bytes
+            or self._head_fields > self.limits.max_headers
+        ):
+            self._head_too_large = True
+            raise _HeadTooLarge()
+
+    def _arm(self, seconds: float) -> None:
+        self._disarm()
+        self._read_timer = self.loop.call_later(seconds, self._read_timed_out)
+
+    def _disarm(self) -> None:
+        if self._read_timer is not None:
+            self._read_timer.cancel()
+            self._read_timer = None
+
+    def _read_timed_out(self) -> None:
+        self._read_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+
+def protocol_for(settings: GatewaySettings) -> type[LimitedHttpProtocol]:
+    """The protocol class uvicorn instantiates per connection, bound to ``settings``."""
+    return type("GatewayHttpProtocol", (LimitedHttpProtocol,), {"limits": settings})

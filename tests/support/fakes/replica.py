@@ -1,0 +1,70 @@
+"""Upstream stand-ins for the gateway tests: ``Forwarder``, a killable process relaying a
+port to a real vLLM, which can also play an overloaded, hung or stalling replica
+(``forwarder.py`` is the process it runs)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import urlparse
+
+from serving.process import free_port
+
+FORWARDER = Path(__file__).with_name("forwarder.py")
+
+
+class Forwarder:
+    """A separate process relaying a port to an upstream; ``kill`` is a hard crash."""
+
+    def __init__(
+        self,
+        target_url: str,
+        *,
+        overloaded: bool = False,
+        hang: bool = False,
+        stall_after: int | None = None,
+    ) -> None:
+        target = urlparse(target_url)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                str(FORWARDER),
+                str(self.port),
+                target.hostname or "",
+                str(target.port),
+                *(["--overloaded"] if overloaded else []),
+                *(["--hang"] if hang else []),
+                *(["--stall-after", str(stall_after)] if stall_after is not None else []),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.process.stdout is not None
+        assert self.process.stdout.readline().strip() == "ready"
+
+    def wait_stalled(self) -> None:
+        """Until a forwarder made with ``stall_after`` has relayed its bytes and stalled."""
+        assert self.process.stdout is not None
+        while (line := self.process.stdout.readline()) and line.strip() != "stalled":
+            pass
+        assert line, "the forwarder ended before it stalled"
+
+    def unread_by_clients(self) -> int:
+        """Bytes this forwarder sent that its clients' processes have not read yet: the
+        receive queues of this machine's TCP sockets connected to its port."""
+        unread = 0
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            with open(table) as rows:
+                for row in list(rows)[1:]:
+                    fields = row.split()
+                    if int(fields[2].rsplit(":", 1)[1], 16) == self.port:
+                        unread += int(fields[4].split(":")[1], 16)
+        return unread
+
+    def kill(self) -> None:
+        self.process.kill()
+        # Generous: a loaded CI machine has been seen to take over 10 s to reap it.
+        self.process.wait(timeout=60)
