@@ -8,8 +8,12 @@ on it); ``settle`` then bills vLLM's exact count and releases the rest.
   bytes, without running a tokenizer on the hot path: every byte-level BPE token covers
   at least one byte of text, a token id takes at least two bytes of JSON (digit and
   comma), and the JSON around each message is longer than the chat template's tokens for
-  it. Tools are the exception: the template adds a preamble once, allowed for by
-  ``TOOLS_TEMPLATE_TOKENS``.
+  it. A request translated to a chat (the Responses API: a bare string ``input`` or a
+  short input item is less JSON than the chat message it becomes) is bounded by the
+  larger of its own body and the chat body vLLM gets. Tools are the exception: the
+  template adds a preamble once (``TOOLS_TEMPLATE_TOKENS``), and vLLM renders every tool
+  with the fields the client left out as nulls (``"description": null, "parameters":
+  null``), allowed for by ``TOOL_DEFAULTS_TOKENS`` a tool.
 - Output tokens: every sequence the request runs (each prompt of a text completion times
   ``n``) may produce ``max_tokens``, capped by the tier and by the engine's context length.
   Reasoning tokens are output tokens inside ``max_tokens``: thinking adds nothing to it.
@@ -44,6 +48,9 @@ UPSTREAM_STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True
 #: Tokens allowed for what a chat template adds once when a request declares tools (the
 #: tiny checkpoint's Hermes-style preamble is about 110; 512 leaves room for longer ones).
 TOOLS_TEMPLATE_TOKENS = 512
+#: Tokens allowed a tool for the fields vLLM renders as nulls when the client left them
+#: out (``, "description": null, "parameters": null, "strict": null`` is 55 bytes).
+TOOL_DEFAULTS_TOKENS = 64
 #: A chat request without ``reasoning_effort`` does not think, as GPT-5.1 defaults to
 #: ``none``: clients written before reasoning keep their answers, latency and bills.
 DEFAULT_REASONING_EFFORT = "none"
@@ -76,7 +83,7 @@ def shape_request(
     """The body vLLM gets, and the most the request may cost (for admission); ``context``
     is the tier's engines' context length, where known."""
     prompts = 1
-    prompt_tokens = body_bytes  # an upper bound: see the module docstring
+    template_tokens = 0  # what the chat template adds beyond the body's JSON
     body: dict[str, Any] = parsed.model_dump(exclude_unset=True, exclude_none=True)
     body.pop("service_tier", None)
     body["model"] = route.served_model
@@ -92,7 +99,7 @@ def shape_request(
         param = "max_completion_tokens" if parsed.max_completion_tokens else "max_tokens"
         body.pop("max_completion_tokens", None)
         if parsed.tools:
-            prompt_tokens += TOOLS_TEMPLATE_TOKENS
+            template_tokens += TOOLS_TEMPLATE_TOKENS + TOOL_DEFAULTS_TOKENS * len(parsed.tools)
         apply_reasoning(body, parsed, route)
     else:
         assert isinstance(parsed, CompletionRequest)
@@ -122,8 +129,11 @@ def shape_request(
     body["stream"] = True
     body["stream_options"] = UPSTREAM_STREAM_OPTIONS
     per_sequence = body["max_tokens"] if context is None else min(body["max_tokens"], context)
+    upstream_body = pydantic_core.to_json(body)
+    # An upper bound: see the module docstring.
+    prompt_tokens = max(body_bytes, len(upstream_body)) + template_tokens
     return Shape(
-        upstream_body=pydantic_core.to_json(body),
+        upstream_body=upstream_body,
         prompts=prompts,
         n=n,
         max_tokens=per_sequence,
