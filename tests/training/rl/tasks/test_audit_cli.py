@@ -49,5 +49,7 @@ def test_bad_input_is_one_line(task_root: Path, arguments: list[str], message: s
 
 
 def test_a_folder_without_tasks_is_refused(tmp_path: Path) -> None:
-    result = CliRunner().invoke(tasks_app, ["audit", "--tasks", str(tmp_path)])
+    result = CliRunner().invoke(
+        tasks_app, ["audit", "--tasks", str(tmp_path)], env={"COLUMNS": "1000"}
+    )
     assert result.exit_code == 2 and "holds no task" in result.output
