@@ -20,6 +20,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from prometheus_client.exposition import generate_latest
 
 ROUTES = ("chat", "completions", "responses", "models", "usage", "other")
+OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5, 2.5)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -42,6 +43,14 @@ class GatewayMetrics:
             "Time from request arrival to the first streamed token.",
             ["tier"],
             buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.overhead = Histogram(
+            "cstack_gateway_overhead_seconds",
+            "Time a request spent in the gateway outside the upstream (x-cstack-overhead-ms): "
+            "a whole answer's, or a stream's until its response head.",
+            ["tier"],
+            buckets=OVERHEAD_BUCKETS,
             registry=r,
         )
         self.tokens = Counter(

@@ -44,6 +44,15 @@ class Exchange:
     admitting: asyncio.Task[Admission] | None = None
     #: The client's own ``x-request-id``, if it sent one (kept on the request's receipt).
     client_request_id: str | None = None
+    #: ``time.perf_counter()`` at the request's arrival, and the seconds since spent
+    #: waiting on the upstream (connecting, its engine slots, its head and body): what is
+    #: left of the time is the gateway's own overhead.
+    arrived: float = field(default_factory=time.perf_counter)
+    upstream_s: float = 0.0
+
+    def overhead_s(self) -> float:
+        """The gateway's own time so far: since arrival, less the upstream's."""
+        return max(0.0, time.perf_counter() - self.arrived - self.upstream_s)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -52,6 +61,8 @@ class Exchange:
 
 
 MAX_DURATION_CODE = "max_duration_exceeded"
+#: The gateway's own time for a request, in milliseconds (``Exchange.overhead_s``).
+OVERHEAD_HEADER = "x-cstack-overhead-ms"
 
 
 def usage_report(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import TypeVar
@@ -36,7 +37,7 @@ from gateway.api.protocol import SamplingParams
 from gateway.api.relay import Relay
 from gateway.api.shaping import Shape, prefix_key, shape_request
 from gateway.errors import GatewayError, bad_request
-from gateway.server.middleware import CLIENT_REQUEST_ID, REQUEST_ID, TIER
+from gateway.server.middleware import ARRIVED, CLIENT_REQUEST_ID, REQUEST_ID, TIER
 from gateway.settings import GatewaySettings
 from gateway.upstream.tiers import TierRoute, TierRouter
 from serving.vocabulary import TIERS, Tier
@@ -157,6 +158,7 @@ class GenerationHandler:
             if self._relay.routes_by_prefix(route.tier)
             else None,
             client_request_id=request.scope.get(CLIENT_REQUEST_ID),
+            arrived=request.scope.get(ARRIVED, time.perf_counter()),
         )
 
     def _answer(

@@ -38,6 +38,7 @@ from gateway.api.downstream import (
 )
 from gateway.api.exchange import (
     MAX_DURATION_CODE,
+    OVERHEAD_HEADER,
     Exchange,
     max_duration_exceeded,
     stream_error,
@@ -70,6 +71,7 @@ class Relay:
         self._tokens_in = {tier: metrics.tokens.labels(tier, "input") for tier in pools}
         self._tokens_out = {tier: metrics.tokens.labels(tier, "output") for tier in pools}
         self._ttft = {tier: metrics.ttft.labels(tier) for tier in pools}
+        self._overheads = {tier: metrics.overhead.labels(tier) for tier in pools}
         self._overflows = metrics.tier_overflows
 
     def max_model_len(self, tier: str) -> int | None:
@@ -199,6 +201,7 @@ class Relay:
         headers = {"content-type": "application/json", "x-request-id": exchange.request_id}
         pool = self._pools[exchange.route.tier]
         meanwhile = functools.partial(self._admitted, exchange) if exchange.admitting else None
+        opening = time.perf_counter()
         try:
             return await pool.open(
                 path, body, headers, avoid, exchange.sequences, exchange.prefix, meanwhile
@@ -235,6 +238,8 @@ class Relay:
                 exchange, "max_duration" if ended_by_deadline else "client_disconnect", {}
             )
             raise
+        finally:
+            exchange.upstream_s += time.perf_counter() - opening
 
     async def complete(
         self, exchange: Exchange, receive: Receive, path: str, body: bytes, assembler: Assembler
@@ -269,6 +274,7 @@ class Relay:
                         raise upstream_unavailable("upstream timed out", 504) from None
                     raise upstream_unavailable("upstream failed mid-response", 502) from None
                 finally:
+                    exchange.upstream_s += upstream.response.waited_s
                     upstream.close()
 
         try:
@@ -293,10 +299,11 @@ class Relay:
             cost = self.usage_cost(exchange, assembler.usage)
             if cost is not None:
                 answer_usage[COST_FIELD] = cost
+        content = pydantic_core.to_json(data)
         response = Response(
-            pydantic_core.to_json(data),
+            content,
             media_type="application/json",
-            headers=exchange.headers,
+            headers={**exchange.headers, OVERHEAD_HEADER: self._overhead(exchange)},
         )
         self.settle_soon(exchange, "complete", assembler.usage)
         return response
@@ -319,7 +326,16 @@ class Relay:
             await self.settle(exchange, "upstream_error", {})
             raise upstream_error(upstream.response.status, content)
         pump = functools.partial(self._pump, exchange, upstream, rewriter)
-        return SSEResponse(pump, exchange.headers, exchange.deadline)
+        headers = {**exchange.headers, OVERHEAD_HEADER: self._overhead(exchange)}
+        return SSEResponse(pump, headers, exchange.deadline)
+
+    def _overhead(self, exchange: Exchange) -> str:
+        """The gateway's own time so far, observed and as the header's value: a whole
+        answer's, or a stream's until its response head (what follows is the engine's pace
+        and the client's reading)."""
+        seconds = exchange.overhead_s()
+        self._overheads[exchange.route.tier].observe(seconds)
+        return f"{seconds * 1000:.2f}"
 
     async def _pump(
         self,

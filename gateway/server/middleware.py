@@ -26,6 +26,8 @@ logger = logging.getLogger(__name__)
 REQUEST_ID = "cstack.request_id"
 #: The client's own ``x-request-id``, when it sent a valid one (kept on its receipt).
 CLIENT_REQUEST_ID = "cstack.client_request_id"
+#: ``time.perf_counter()`` when the request arrived (the gateway's overhead counts from it).
+ARRIVED = "cstack.arrived"
 #: The tier that served the request, once known (metrics label).
 TIER = "cstack.tier"
 ROUTES = {
@@ -56,6 +58,7 @@ class RequestContextMiddleware:
         serial = next(self._counter).to_bytes(8, "little")
         own_id = "req_" + hashlib.blake2b(serial, key=self._id_key, digest_size=16).hexdigest()
         scope[REQUEST_ID] = own_id
+        scope[ARRIVED] = started
         # A client's own id is echoed back (it is theirs to correlate with), but billing
         # and upstreams use the gateway's: a client could reuse ids and dedupe its usage.
         header_id = own_id.encode()

@@ -13,6 +13,7 @@ what tells vLLM to abort the request.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from urllib.parse import urlsplit
@@ -55,6 +56,8 @@ class Response:
         self.complete = False
         self.error: Exception | None = None
         self._closed = False
+        #: Seconds spent waiting for the body's bytes (the upstream's time, not ours).
+        self.waited_s = 0.0
 
     # Called by the connection as bytes arrive.
     def feed(self, chunk: bytes) -> None:
@@ -90,7 +93,11 @@ class Response:
             if self.error is not None:
                 raise self.error
             self._waiter = self._connection.loop.create_future()
-            await self._waiter
+            waiting_since = time.perf_counter()
+            try:
+                await self._waiter
+            finally:
+                self.waited_s += time.perf_counter() - waiting_since
 
     async def read(self) -> bytes:
         return b"".join([chunk async for chunk in self.iter_chunks()])
