@@ -204,7 +204,14 @@ class Relay:
         opening = time.perf_counter()
         try:
             return await pool.open(
-                path, body, headers, avoid, exchange.sequences, exchange.prefix, meanwhile
+                path,
+                body,
+                headers,
+                avoid,
+                exchange.sequences,
+                exchange.prefix,
+                meanwhile,
+                org=exchange.principal.key.org_id,
             )
         except GatewayError:
             raise  # the overlapped admission refused (nothing to settle)

@@ -9,10 +9,14 @@ engine's requests to its batch size (``max-num-seqs``) itself and decides who go
 - Standard is never starved: while standard requests wait and hold fewer than
   ``standard_min_share`` of the slots, fast may not take the slots that share needs, and
   a freed slot goes to standard first.
-- A request that finds no slot waits in the gateway, first come first served within its
-  tier, at most ``max_queue_wait_s`` for its tier; then ``EngineBusy`` (a 503 with
-  ``retry-after``). On an engine of one tier (production pools) only the batch size and
-  the wait apply.
+- A request that finds no slot waits in the gateway at most ``max_queue_wait_s`` for its
+  tier; then ``EngineBusy`` (a 503 with ``retry-after``). On an engine of one tier
+  (production pools) only the batch size and the wait apply.
+- Within a tier, orgs share fairly: a freed slot goes to the waiting request whose org
+  holds the fewest of the tier's slots on this engine (first come first served between
+  equals), so an org sending ten times another's concurrency queues behind its own
+  requests, not in front of the other's. It is work-conserving: an org alone can take
+  every slot its tier may hold.
 """
 
 from __future__ import annotations
@@ -72,6 +76,9 @@ class EngineSlots:
         self.in_flight: dict[str, int] = dict.fromkeys(TIERS, 0)
         self._waiting: dict[str, deque[asyncio.Future[int]]] = {t: deque() for t in TIERS}
         self._weights: dict[asyncio.Future[int], int] = {}
+        #: The org of each waiter, and the slots each (tier, org) holds now.
+        self._orgs: dict[asyncio.Future[int], str] = {}
+        self.held: dict[tuple[str, str], int] = {}
 
     def waiting(self, tier: str) -> int:
         return sum(not f.done() for f in self._waiting[tier])
@@ -94,25 +101,34 @@ class EngineSlots:
         # A request larger than a tier may ever hold still runs, alone in its share.
         return max(1, min(weight, self.policy.standard_cap, self.policy.size))
 
-    def try_take(self, tier: str, weight: int = 1) -> int | None:
+    def try_take(self, tier: str, weight: int = 1, org: str = "") -> int | None:
         """The slots taken (``weight``, clamped), or None if the request must wait."""
         weight = self._clamp(weight)
-        # Behind a waiting request of the same tier, a newcomer queues (first come first served).
+        # Behind a waiting request of the same tier, a newcomer queues: the grant decides.
         if self.waiting(tier) or not self._allowed(tier, weight):
             return None
-        self.in_flight[tier] += weight
+        self._hold(tier, org, weight)
         return weight
 
-    async def take(self, tier: Tier, max_wait_s: float, weight: int = 1) -> int:
-        """Slots for a request of ``weight`` sequences of ``tier`` (the count taken, to give
-        back), waiting at most ``max_wait_s``; else ``EngineBusy``."""
-        taken = self.try_take(tier, weight)
+    def _hold(self, tier: str, org: str, slots: int) -> None:
+        self.in_flight[tier] += slots
+        held = self.held.get((tier, org), 0) + slots
+        if held:
+            self.held[(tier, org)] = held
+        else:
+            self.held.pop((tier, org), None)
+
+    async def take(self, tier: Tier, max_wait_s: float, weight: int = 1, org: str = "") -> int:
+        """Slots for a request of ``org`` of ``weight`` sequences of ``tier`` (the count
+        taken, to give back), waiting at most ``max_wait_s``; else ``EngineBusy``."""
+        taken = self.try_take(tier, weight, org)
         if taken is not None:
             return taken
         weight = self._clamp(weight)
         waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._waiting[tier].append(waiter)
         self._weights[waiter] = weight
+        self._orgs[waiter] = org
         try:
             async with asyncio.timeout(max_wait_s):
                 return await asyncio.shield(waiter)
@@ -123,16 +139,31 @@ class EngineSlots:
             raise EngineBusy(tier, max_wait_s) from None
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
-                self.give_back(tier, waiter.result())  # granted, but its request is gone
+                self.give_back(tier, waiter.result(), org)  # granted, but its request is gone
             else:
                 waiter.cancel()
             raise
         finally:
             self._weights.pop(waiter, None)
+            self._orgs.pop(waiter, None)
 
-    def give_back(self, tier: str, taken: int) -> None:
-        self.in_flight[tier] -= taken
+    def give_back(self, tier: str, taken: int, org: str = "") -> None:
+        self._hold(tier, org, -taken)
         self._grant()
+
+    def _next_waiter(self, tier: str) -> asyncio.Future[int] | None:
+        """The waiter of ``tier`` whose org holds the fewest slots (the earliest of equals)."""
+        queue = self._waiting[tier]
+        while queue and queue[0].done():
+            queue.popleft()  # timed out or cancelled
+        best, fewest = None, 0
+        for waiter in queue:
+            if waiter.done():
+                continue
+            held = self.held.get((tier, self._orgs.get(waiter, "")), 0)
+            if best is None or held < fewest:
+                best, fewest = waiter, held
+        return best
 
     def _grant(self) -> None:
         """Hand free slots to waiters: standard first while below its floor, then fast."""
@@ -140,12 +171,10 @@ class EngineSlots:
             below_floor = self.in_flight["standard"] < self.policy.standard_floor
             order = TIERS[::-1] if below_floor else TIERS  # TIERS lists fast first
             for tier in order:
-                queue = self._waiting[tier]
-                while queue and queue[0].done():
-                    queue.popleft()  # timed out or cancelled
-                if queue and self._allowed(tier, self._weights[queue[0]]):
-                    waiter = queue.popleft()
-                    self.in_flight[tier] += self._weights[waiter]
+                waiter = self._next_waiter(tier)
+                if waiter is not None and self._allowed(tier, self._weights[waiter]):
+                    self._waiting[tier].remove(waiter)
+                    self._hold(tier, self._orgs.get(waiter, ""), self._weights[waiter])
                     waiter.set_result(self._weights[waiter])
                     break
             else:

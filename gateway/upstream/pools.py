@@ -64,20 +64,22 @@ class UpstreamResponse:
     tier: str
     #: The engine slots it holds (0 on a replica without a slot limit).
     slots: int
+    #: The org it is for (engine slots are shared fairly between orgs).
+    org: str = ""
     _closed: bool = field(default=False)
 
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            release(self.replica, self.tier, self.slots)
+            release(self.replica, self.tier, self.slots, self.org)
             self.response.close()
 
 
-def release(replica: Replica, tier: str, slots: int) -> None:
+def release(replica: Replica, tier: str, slots: int, org: str = "") -> None:
     """The request has left ``replica``: its slots (and its count) free up."""
     replica.outstanding -= 1
     if replica.slots is not None and slots:
-        replica.slots.give_back(tier, slots)
+        replica.slots.give_back(tier, slots, org)
 
 
 class UpstreamPool:
@@ -178,6 +180,7 @@ class UpstreamPool:
         sequences: int = 1,
         key: PrefixKey | None = None,
         meanwhile: Callable[[], Awaitable[object]] | None = None,
+        org: str = "",
     ) -> UpstreamResponse:
         """Send to the best replica (never ``avoid``: it just failed this request), once
         its engine has slots for the request's ``sequences`` (``EngineBusy`` if it has not
@@ -196,34 +199,34 @@ class UpstreamPool:
             tried.add(replica)
             taken = 0
             if replica.slots is not None:
-                taken = await replica.slots.take(self.tier, self.max_queue_wait_s, sequences)
+                taken = await replica.slots.take(self.tier, self.max_queue_wait_s, sequences, org)
             replica.outstanding += 1
             try:
                 response = await replica.client.request(path, content, headers, meanwhile)
             except UpstreamReadTimeout:
-                release(replica, self.tier, taken)
+                release(replica, self.tier, taken, org)
                 self.count_error("timeout")
                 raise UpstreamTimeout(f"upstream {replica.url} timed out") from None
             except UpstreamConnectError as exc:
                 # Refused, reset or dropped before any response byte: try another replica.
-                release(replica, self.tier, taken)
+                release(replica, self.tier, taken, org)
                 self._mark_down(replica)
                 self.count_error("connect")
                 last_error = f"upstream {replica.url} unreachable ({exc})"
                 continue
             except BaseException:
-                release(replica, self.tier, taken)
+                release(replica, self.tier, taken, org)
                 raise
             if response.status >= 500:
                 self.count_error("status_5xx")
                 last_error = f"upstream {replica.url} answered {response.status}"
                 if attempt == 0 and len(self.replicas) > 1:
-                    release(replica, self.tier, taken)
+                    release(replica, self.tier, taken, org)
                     response.close()
                     continue
             if self.prefixes is not None and key is not None and response.status < 500:
                 self.prefixes.record(key, replica)  # it has the prompt now (not one that failed)
-            return UpstreamResponse(replica, response, self.tier, taken)
+            return UpstreamResponse(replica, response, self.tier, taken, org)
         raise NoUpstreamAvailable(last_error)
 
     def _mark_down(self, replica: Replica) -> None:

@@ -1,0 +1,67 @@
+"""Orgs share a tier's engine slots fairly: a freed slot goes to the waiting org holding the
+fewest, so one org's tenfold concurrency queues behind itself; alone, an org takes all."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gateway.upstream.engine_slots import EngineSlots, SlotPolicy
+
+pytestmark = pytest.mark.asyncio(loop_scope="function")
+
+
+async def _turns() -> None:
+    """Let granted waiters' tasks resume (a grant reaches its task a few loop turns on)."""
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+async def _queued(slots: EngineSlots, org: str, count: int) -> list[asyncio.Task[int]]:
+    tasks = [asyncio.create_task(slots.take("fast", 30, 1, org)) for _ in range(count)]
+    await asyncio.sleep(0)  # each is now waiting in the queue, in order
+    return tasks
+
+
+async def test_a_busy_org_queues_behind_itself_not_in_front_of_another() -> None:
+    slots = EngineSlots(SlotPolicy(size=4, shared=False))
+    for _ in range(4):
+        assert await slots.take("fast", 1, 1, "org-a") == 1
+    flood = await _queued(slots, "org-a", 10)
+    [late] = await _queued(slots, "org-b", 1)
+    slots.give_back("fast", 1, "org-a")
+    await _turns()
+    assert late.done() and not any(task.done() for task in flood)
+    assert slots.held == {("fast", "org-a"): 3, ("fast", "org-b"): 1}
+    # With org-b served and nobody else waiting, org-a's queue drains in its own order.
+    for expected_done in range(1, 4):
+        slots.give_back("fast", 1, "org-a")
+        await _turns()
+        assert [task.done() for task in flood].count(True) == expected_done
+        assert flood[expected_done - 1].done()
+    for task in flood:
+        task.cancel()
+    await asyncio.gather(*flood, return_exceptions=True)
+
+
+async def test_an_org_alone_takes_every_slot_and_gives_them_all_back() -> None:
+    slots = EngineSlots(SlotPolicy(size=3, shared=False))
+    held = [await slots.take("fast", 1, 1, "org-a") for _ in range(3)]
+    waiting = await _queued(slots, "org-a", 2)
+    for taken in held:
+        slots.give_back("fast", taken, "org-a")
+        await _turns()
+    assert all(task.done() for task in waiting)
+    for task in waiting:
+        slots.give_back("fast", task.result(), "org-a")
+    assert slots.held == {} and slots.in_flight["fast"] == 0
+
+
+async def test_the_tier_shares_still_hold_with_orgs() -> None:
+    """On a shared engine standard keeps its cap whatever the orgs."""
+    slots = EngineSlots(SlotPolicy(size=4, shared=True))
+    for org in ("org-a", "org-b", "org-c"):
+        assert slots.try_take("standard", 1, org) == 1
+    assert slots.try_take("standard", 1, "org-d") is None  # 0.75 of 4
+    assert slots.try_take("fast", 1, "org-d") == 1
