@@ -23,6 +23,8 @@ class Gateway:
     url: str
     internal_url: str
     key: str
+    #: The admin API's token (``internal_url``), for a benchmark's own orgs and keys.
+    admin_token: str
 
 
 @contextlib.contextmanager
@@ -61,7 +63,7 @@ def billed_gateway(tmp: Path, name: str, env: dict[str, str]) -> Iterator[Gatewa
             headers=admin,
         ).raise_for_status()
         key = httpx.post(f"{internal_url}/admin/orgs/bench/keys", headers=admin).json()["key"]
-        yield Gateway(f"http://127.0.0.1:{port}", internal_url, key)
+        yield Gateway(f"http://127.0.0.1:{port}", internal_url, key, admin_token)
     finally:
         gateway.stop()
         valkey.stop()

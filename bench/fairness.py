@@ -1,0 +1,137 @@
+"""Fairness between orgs inside a tier: org B's time to first token while org A sends the
+same load as B, and while A sends ten times B's concurrency, through `cstack gateway` as
+production runs it (billing on) in front of one real vLLM engine (the `shared` variant).
+
+Both orgs stream fast-tier completions in closed loops on the same engine. With the
+gateway's fair engine slots, A's excess queues behind A's own requests: B's TTFT p99 under
+A's tenfold load should stay within 1.2x of what it is when A matches B, and the engine's
+total throughput should not move. Prints both scenarios and the ratio.
+
+    .venv/bin/python bench/fairness.py [--engine-url URL] [--seconds 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import secrets
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+from billed_stack import billed_gateway
+from tiers import quantile, stream_once
+
+from serving.process import ManagedProcess, free_port
+from serving.tiny import build_tiny_checkpoint
+
+
+async def closed_loop(
+    url: str, key: str, clients: int, tokens: int, seconds: float
+) -> tuple[list[float], int, int]:
+    """(TTFTs, streamed chunks, errors) of ``clients`` closed-loop streams for ``seconds``."""
+    ttfts: list[float] = []
+    counts = {"chunks": 0, "errors": 0}
+    deadline = time.perf_counter() + seconds
+    limits = httpx.Limits(max_connections=clients + 2)
+    headers = {"authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(
+        base_url=url, headers=headers, timeout=300, limits=limits
+    ) as client:
+
+        async def one() -> None:
+            while time.perf_counter() < deadline:
+                try:
+                    ttft, _, chunks = await stream_once(client, "fast", tokens)
+                except (RuntimeError, httpx.HTTPError):
+                    counts["errors"] += 1
+                    await asyncio.sleep(0.2)
+                    continue
+                ttfts.append(ttft)
+                counts["chunks"] += chunks
+
+        await asyncio.gather(*(one() for _ in range(clients)))
+    return ttfts, counts["chunks"], counts["errors"]
+
+
+async def scenario(
+    url: str, keys: dict[str, str], a_clients: int, args: argparse.Namespace
+) -> tuple[list[float], int, int]:
+    a, b = await asyncio.gather(
+        closed_loop(url, keys["org-a"], a_clients, args.tokens, args.seconds),
+        closed_loop(url, keys["org-b"], args.b_clients, args.tokens, args.seconds),
+    )
+    return b[0], a[1] + b[1], a[2] + b[2]
+
+
+def org_keys(internal_url: str, admin_token: str) -> dict[str, str]:
+    admin = {"authorization": f"Bearer {admin_token}"}
+    keys = {}
+    for org in ("org-a", "org-b"):
+        httpx.post(
+            f"{internal_url}/admin/orgs", json={"org_id": org, "plan": "enterprise"}, headers=admin
+        ).raise_for_status()
+        keys[org] = httpx.post(f"{internal_url}/admin/orgs/{org}/keys", headers=admin).json()["key"]
+    return keys
+
+
+async def run(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="cstack-bench-fairness-") as scratch:
+        tmp = Path(scratch)
+        engine = None
+        engine_url, engine_key = args.engine_url, ""
+        if engine_url is None:
+            model = build_tiny_checkpoint(tmp / "tiny", seed=0)
+            engine_key = secrets.token_urlsafe(24)
+            port = free_port()
+            engine = ManagedProcess(
+                "cstack serve",
+                [sys.executable, "-m", "deploy.cli", "serve", "--variant", "shared",
+                 "--model", str(model), "--port", str(port)],
+                tmp / "vllm.log",
+                f"http://127.0.0.1:{port}/health",
+                {"CSTACK_VLLM_API_KEY": engine_key, "CSTACK_SERVING_PROFILE": "cpu"},
+            )  # fmt: skip
+            engine.start()
+            engine.wait_healthy(timeout_s=900)
+            engine_url = f"http://127.0.0.1:{port}"
+        try:
+            env = {"CSTACK_UPSTREAM_URL": engine_url}
+            if engine_key:
+                env["CSTACK_UPSTREAM_API_KEY"] = engine_key
+            with billed_gateway(tmp, "fairness", env) as gateway:
+                keys = org_keys(gateway.internal_url, gateway.admin_token)
+                await closed_loop(gateway.url, keys["org-b"], 1, args.tokens, 3)  # warm-up
+                print(f"| org A's clients (org B: {args.b_clients}) | B TTFT p50 ms "
+                      "| B TTFT p99 ms | total chunks/s | errors |")  # fmt: skip
+                print("| --- | --- | --- | --- | --- |")
+                p99 = {}
+                for a_clients in (args.b_clients, args.b_clients * 10):
+                    ttfts, chunks, errors = await scenario(gateway.url, keys, a_clients, args)
+                    ms = [t * 1000 for t in ttfts]
+                    p99[a_clients] = quantile(ms, 0.99)
+                    print(
+                        f"| {a_clients} | {quantile(ms, 0.5):.0f} | {p99[a_clients]:.0f} "
+                        f"| {chunks / args.seconds:.0f} | {errors} |",
+                        flush=True,
+                    )
+                ratio = p99[args.b_clients * 10] / p99[args.b_clients]
+                print(f"B's TTFT p99 with A at 10x / A at 1x = {ratio:.2f}x (target <= 1.2x)")
+        finally:
+            if engine is not None:
+                engine.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--engine-url", help="a running vLLM (tiny, shared variant) to reuse")
+    parser.add_argument("--b-clients", type=int, default=2, help="org B's closed-loop clients")
+    parser.add_argument("--tokens", type=int, default=32, help="max_tokens of each stream")
+    parser.add_argument("--seconds", type=float, default=30.0, help="length of each scenario")
+    asyncio.run(run(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
