@@ -1,6 +1,7 @@
-"""What the real-vLLM benchmarks put in front of their engines: `cstack gateway` as
-production runs it (billing on: an authenticated embedded Valkey, a migrated ledger, the
-usage spool), started with an org and a key of a plan whose limits do not bind."""
+"""What the real-vLLM benchmarks run: the tiny engine (``tiny_engine``) and, in front of it,
+`cstack gateway` as production runs it (billing on: an authenticated embedded Valkey, a
+migrated ledger, the usage spool), started with an org and a key of a plan whose limits do
+not bind (``billed_gateway``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import httpx
 
 from billing.ledger import make_engine, migrate
 from serving.process import ManagedProcess, free_port
+from serving.tiny import build_tiny_checkpoint
 from serving.valkey import start_valkey
 
 
@@ -67,3 +69,29 @@ def billed_gateway(tmp: Path, name: str, env: dict[str, str]) -> Iterator[Gatewa
     finally:
         gateway.stop()
         valkey.stop()
+
+
+@contextlib.contextmanager
+def tiny_engine(tmp: Path, engine_url: str | None = None) -> Iterator[tuple[str, str]]:
+    """``(url, api key)`` of a vLLM engine serving the seed-0 tiny checkpoint with the
+    ``shared`` variant (cpu profile): ``engine_url``'s, without a key, if given."""
+    if engine_url is not None:
+        yield engine_url, ""
+        return
+    model = build_tiny_checkpoint(tmp / "tiny", seed=0)
+    engine_key = secrets.token_urlsafe(24)
+    port = free_port()
+    engine = ManagedProcess(
+        "cstack serve",
+        [sys.executable, "-m", "deploy.cli", "serve", "--variant", "shared",
+         "--model", str(model), "--port", str(port)],
+        tmp / "vllm.log",
+        f"http://127.0.0.1:{port}/health",
+        {"CSTACK_VLLM_API_KEY": engine_key, "CSTACK_SERVING_PROFILE": "cpu"},
+    )  # fmt: skip
+    engine.start()
+    try:
+        engine.wait_healthy(timeout_s=900)
+        yield f"http://127.0.0.1:{port}", engine_key
+    finally:
+        engine.stop()

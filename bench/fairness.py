@@ -14,18 +14,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import secrets
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
-from billed_stack import billed_gateway
+from billed_stack import billed_gateway, tiny_engine
 from tiers import quantile, stream_once
-
-from serving.process import ManagedProcess, free_port
-from serving.tiny import build_tiny_checkpoint
 
 
 async def closed_loop(
@@ -80,24 +75,7 @@ def org_keys(internal_url: str, admin_token: str) -> dict[str, str]:
 async def run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="cstack-bench-fairness-") as scratch:
         tmp = Path(scratch)
-        engine = None
-        engine_url, engine_key = args.engine_url, ""
-        if engine_url is None:
-            model = build_tiny_checkpoint(tmp / "tiny", seed=0)
-            engine_key = secrets.token_urlsafe(24)
-            port = free_port()
-            engine = ManagedProcess(
-                "cstack serve",
-                [sys.executable, "-m", "deploy.cli", "serve", "--variant", "shared",
-                 "--model", str(model), "--port", str(port)],
-                tmp / "vllm.log",
-                f"http://127.0.0.1:{port}/health",
-                {"CSTACK_VLLM_API_KEY": engine_key, "CSTACK_SERVING_PROFILE": "cpu"},
-            )  # fmt: skip
-            engine.start()
-            engine.wait_healthy(timeout_s=900)
-            engine_url = f"http://127.0.0.1:{port}"
-        try:
+        with tiny_engine(tmp, args.engine_url) as (engine_url, engine_key):
             env = {"CSTACK_UPSTREAM_URL": engine_url}
             if engine_key:
                 env["CSTACK_UPSTREAM_API_KEY"] = engine_key
@@ -119,9 +97,6 @@ async def run(args: argparse.Namespace) -> None:
                     )
                 ratio = p99[args.b_clients * 10] / p99[args.b_clients]
                 print(f"B's TTFT p99 with A at 10x / A at 1x = {ratio:.2f}x (target <= 1.2x)")
-        finally:
-            if engine is not None:
-                engine.stop()
 
 
 def main() -> None:

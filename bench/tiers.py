@@ -23,8 +23,6 @@ import asyncio
 import contextlib
 import itertools
 import json
-import secrets
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -32,10 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-from billed_stack import billed_gateway
-
-from serving.process import ManagedProcess, free_port
-from serving.tiny import build_tiny_checkpoint
+from billed_stack import billed_gateway, tiny_engine
 
 PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
 
@@ -162,21 +157,7 @@ def row(label: str, measured: Probe, goodput: Load, elapsed: float) -> str:
 async def run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="cstack-bench-tiers-") as scratch:
         tmp = Path(scratch)
-        model = build_tiny_checkpoint(tmp / "tiny", seed=0)
-        engine_key = secrets.token_urlsafe(24)
-        port = free_port()
-        engine = ManagedProcess(
-            "cstack serve",
-            [sys.executable, "-m", "deploy.cli", "serve", "--variant", "shared",
-             "--model", str(model), "--port", str(port)],
-            tmp / "vllm.log",
-            f"http://127.0.0.1:{port}/health",
-            {"CSTACK_VLLM_API_KEY": engine_key, "CSTACK_SERVING_PROFILE": "cpu"},
-        )  # fmt: skip
-        engine.start()
-        try:
-            engine.wait_healthy(timeout_s=900)
-            engine_url = f"http://127.0.0.1:{port}"
+        with tiny_engine(tmp) as (engine_url, engine_key):
             print("| scenario | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms "
                   "| load goodput tok/s | errors |")  # fmt: skip
             print("| --- | --- | --- | --- | --- | --- | --- |")
@@ -208,8 +189,6 @@ async def run(args: argparse.Namespace) -> None:
                     f"load / alone = {loaded / alone:.2f}x (target <= 1.5x); standard TTFT p99 "
                     f"under fast load = {starved:.1f} s (target <= 10 s)"
                 )
-        finally:
-            engine.stop()
 
 
 def main() -> None:

@@ -27,6 +27,7 @@ from billing.ledger import UsageRow, make_engine
 from billing.settings import BillingSettings
 from serving.process import free_port
 from tests.support.billing import Process, create_org_key, port_open, settings_env
+from tests.support.traffic import paced_chat
 from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -82,29 +83,6 @@ async def test_a_redis_crash_and_a_worker_kill_cost_under_one_percent_and_lose_n
             "the gateway to be ready",
             60,
         )
-        statuses: list[int] = []
-        answered: list[str] = []
-        refusals: list[str] = []
-        headers = {"authorization": f"Bearer {token}"}
-
-        async def one(client: httpx.AsyncClient, n: int) -> None:
-            body = {
-                "model": "composer-2.5",
-                "messages": [{"role": "user", "content": f"request {n} " + "x" * (n % 50)}],
-                "max_tokens": 4 + n % 60,
-            }
-            try:
-                response = await client.post(
-                    f"{base}/v1/chat/completions", json=body, headers=headers
-                )
-            except httpx.HTTPError:
-                statuses.append(0)
-                return
-            statuses.append(response.status_code)
-            if response.status_code != 200:
-                refusals.append(response.json()["error"].get("code") or "")
-            if response.status_code == 200:
-                answered.append(response.headers["x-request-id"])
 
         async def chaos() -> None:
             nonlocal worker
@@ -115,20 +93,10 @@ async def test_a_redis_crash_and_a_worker_kill_cost_under_one_percent_and_lose_n
             await asyncio.to_thread(own_valkey.start)
             worker = billing_processes(["worker", "billing", "--concurrency", "1"], settings)
 
-        async with httpx.AsyncClient(timeout=60) as client:
-            started = time.monotonic()
-            tasks = [asyncio.create_task(chaos())]
-            for n in range(REQUESTS):
-                delay = started + n / RATE_PER_S - time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                tasks.append(asyncio.create_task(one(client, n)))
-            await asyncio.gather(*tasks)
-
-        assert len(statuses) == REQUESTS
-        share = len(answered) / REQUESTS
-        failed = sorted({s for s in statuses if s != 200})
-        assert share >= 0.99, f"answered {len(answered)}/{REQUESTS}: {failed} {refusals}"
+        traffic = await paced_chat(base, token, REQUESTS, RATE_PER_S, chaos())
+        answered = traffic.answered
+        assert traffic.sent == REQUESTS
+        assert len(answered) / REQUESTS >= 0.99, (len(answered), traffic.others)
         wait_until(
             lambda: len(_ledger_ids(settings.ledger_url)) >= len(answered),
             f"the ledger to hold the {len(answered)} answered requests",

@@ -11,10 +11,8 @@ the fast stand-in: the subject is the gateway and billing, not the engine.
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 from sqlalchemy import select
 
@@ -26,6 +24,7 @@ from gateway.access.keys import KeyStore
 from tests.support.billing import keyspace
 from tests.support.fakes.valkey_cluster import ValkeyCluster
 from tests.support.gateway_processes import gateway_processes
+from tests.support.traffic import paced_chat
 from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -52,46 +51,17 @@ async def test_a_primary_killed_under_traffic_costs_under_one_percent_and_loses_
         await store_client.aclose()  # type: ignore[attr-defined]
         victim = cluster.primary_of(keyspace(settings).budget_prefix(ORG))
         values = {**settings.model_dump(), "revocation_poll_s": 0.2}
-        answered: list[str] = []
-        other: list[int] = []
         with gateway_processes(values, usage_upstream, tmp_path, count=1) as urls:
-            base = urls[0]
-            headers = {"authorization": f"Bearer {token}"}
-
-            async def one(client: httpx.AsyncClient, n: int) -> None:
-                body = {
-                    "model": "composer-2.5",
-                    "messages": [{"role": "user", "content": f"request {n} " + "x" * (n % 40)}],
-                    "max_tokens": 4 + n % 40,
-                }
-                try:
-                    response = await client.post(
-                        f"{base}/v1/chat/completions", json=body, headers=headers
-                    )
-                except httpx.HTTPError:
-                    other.append(0)
-                    return
-                if response.status_code == 200:
-                    answered.append(response.headers["x-request-id"])
-                else:
-                    other.append(response.status_code)
 
             async def kill() -> None:
                 await asyncio.sleep(KILL_AFTER_S)
                 await asyncio.to_thread(cluster.kill, victim)
 
-            async with httpx.AsyncClient(timeout=60) as client:
-                started = time.monotonic()
-                tasks = [asyncio.create_task(kill())]
-                for n in range(REQUESTS):
-                    delay = started + n / RATE_PER_S - time.monotonic()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                    tasks.append(asyncio.create_task(one(client, n)))
-                await asyncio.gather(*tasks)
+            traffic = await paced_chat(urls[0], token, REQUESTS, RATE_PER_S, kill())
+            answered = traffic.answered
             cluster.wait_failover(keyspace(settings).budget_prefix(ORG))
 
-            assert len(answered) / REQUESTS >= 0.99, (len(answered), sorted(other))
+            assert len(answered) / REQUESTS >= 0.99, (len(answered), traffic.others)
             engine = make_engine(settings.ledger_url)
             migrate(engine)
             consumer = UsageStreamConsumer(redis, engine, settings)
