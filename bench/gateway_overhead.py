@@ -15,7 +15,9 @@ Redis, with its password) and, in front of that one upstream, side by side:
   the same run;
 - with `--litellm PATH`, LiteLLM's proxy (`litellm[proxy]==1.100.0` in a venv of its own:
   `python3 -m venv /tmp/litellm-venv && /tmp/litellm-venv/bin/pip install
-  'litellm[proxy]==1.100.0'`), no database, one worker, a master key.
+  'litellm[proxy]==1.100.0'`), no database, one worker, a master key;
+- with `--vllm-router PATH`, vLLM's router (`vllm-router==0.1.17`, Rust, in a venv of its
+  own), round robin over the one upstream, no auth and no metering at all.
 
 Every gateway runs with engine admission off (`CSTACK_ENGINE_ADMISSION=false`): the
 stand-in upstream is no engine with a batch size, and holding it to the cpu profile's 8
@@ -444,6 +446,21 @@ def start_litellm(
     return process
 
 
+def start_vllm_router(
+    executable: str, port: int, upstream_port: int, directory: Path
+) -> subprocess.Popen[bytes]:
+    """vLLM's router in front of the same upstream: round robin, no key, no metering."""
+    command = [
+        executable,
+        *("--host", "127.0.0.1", "--port", str(port)),
+        *("--worker-urls", f"http://127.0.0.1:{upstream_port}"),
+        *("--policy", "round_robin", "--log-level", "error"),
+    ]
+    process = start_process(command, {}, directory / "vllm-router.log")
+    wait_http(f"http://127.0.0.1:{port}/health", process, timeout_s=120)
+    return process
+
+
 # --- measuring ----------------------------------------------------------------------------
 
 
@@ -638,6 +655,7 @@ def main() -> None:
         "--upstream-delay-ms", type=float, default=20.0, help="the upstream's answer time, part 2"
     )
     parser.add_argument("--litellm", default="", help="LiteLLM's `litellm` executable")
+    parser.add_argument("--vllm-router", default="", help="vLLM's `vllm-router` executable")
     parser.add_argument(
         "--baseline-tree",
         default="",
@@ -725,6 +743,14 @@ def main() -> None:
             one_worker.append(processes[-1].pid)
         else:
             print("LiteLLM column skipped: no --litellm (see the module docstring to install it)")
+        if args.vllm_router:
+            port = free_port()
+            processes.append(start_vllm_router(args.vllm_router, port, upstream_port, work))
+            targets.append(
+                Target("vllm-router 0.1.17, round robin, no auth or metering", port, None,
+                       [processes[-1].pid])
+            )  # fmt: skip
+            one_worker.append(processes[-1].pid)
         if args.pin:
             cpus = sorted(os.sched_getaffinity(0))
             pin(one_worker, set(cpus[:1]))
