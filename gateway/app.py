@@ -26,6 +26,7 @@ from billing.reporting import UsageReader
 from gateway.admin import build_admin_router
 from gateway.auth import Authenticator
 from gateway.capacity import SlotPolicy, share, slot_policies
+from gateway.console import add_console_routes
 from gateway.errors import (
     GatewayError,
     gateway_error_handler,
@@ -87,6 +88,7 @@ def create_app(
     app.include_router(build_admin_router(parts.store, parts.auth, accounts))
     _add_account_routes(app, parts.auth, usage)
     _add_operations_routes(app, parts.upstreams, parts.metrics)
+    add_console_routes(app, parts.auth, parts.store, usage, accounts, parts.redis)
     return app
 
 
