@@ -10,25 +10,12 @@ from datetime import UTC, datetime, timedelta
 from time import time_ns
 
 import pytest
-from console_support import RECEIPTS_A, Console, ConsoleGateway, Org, chromium, priced_event
-from redis.asyncio import Redis
+from console_support import RECEIPTS_A, Console, ConsoleGateway, chromium, make_org, priced_event
 from selenium import webdriver
 
 from billing.ledger import insert_usage_events, make_engine, migrate
 from billing.pricing import load_pricebook
 from billing.settings import DEFAULT_PRICEBOOK_PATH
-from gateway.keys import KeyStore
-
-
-async def make_org(redis_url: str, org_id: str, plan: str) -> Org:
-    redis = Redis.from_url(redis_url)
-    try:
-        store = KeyStore(redis, "default")
-        await store.create_org(org_id, plan=plan)
-        token, record = await store.create_key(org_id, name="console test")
-        return Org(org_id, token, record.key_id)
-    finally:
-        await redis.aclose()  # type: ignore[attr-defined]
 
 
 def month_start(moment: datetime) -> datetime:

@@ -11,6 +11,7 @@ from datetime import datetime
 from pathlib import Path
 
 import uvicorn
+from redis.asyncio import Redis
 from selenium import webdriver
 from sqlalchemy import Engine
 
@@ -22,6 +23,7 @@ from billing.pricing import charge
 from billing.settings import DEFAULT_PRICEBOOK_PATH
 from billing.usage_reader import LedgerUsageReader
 from gateway.app import create_app
+from gateway.keys import KeyStore
 from gateway.server import bind_listeners, server_config
 from gateway.settings import GatewaySettings
 from serving.process import free_port
@@ -96,6 +98,17 @@ class Console:
     a: Org
     b: Org
     screenshots: Path
+
+
+async def make_org(redis_url: str, org_id: str, plan: str) -> Org:
+    redis = Redis.from_url(redis_url)
+    try:
+        store = KeyStore(redis, "default")
+        await store.create_org(org_id, plan=plan)
+        token, record = await store.create_key(org_id, name="console test")
+        return Org(org_id, token, record.key_id)
+    finally:
+        await redis.aclose()  # type: ignore[attr-defined]
 
 
 def priced_event(
