@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 from redis.asyncio import Redis
@@ -39,15 +40,16 @@ class ConsoleGateway:
     ``url`` is the public listener (the console), ``internal_url`` the admin one."""
 
     def __init__(self, redis_url: str, ledger_url: str) -> None:
-        self.settings = GatewaySettings(
-            port=free_port(),
-            internal_port=free_port(),
-            host="127.0.0.1",
-            redis_url=redis_url,
-            admin_token=ADMIN_TOKEN,
-            upstream_url="http://127.0.0.1:9",
-            revocation_poll_s=0.2,
-        )
+        values: dict[str, Any] = {
+            "port": free_port(),
+            "internal_port": free_port(),
+            "host": "127.0.0.1",
+            "redis_url": redis_url,
+            "admin_token": ADMIN_TOKEN,
+            # No engine: the console reads Redis and the ledger only.
+            "upstream_url": "http://127.0.0.1:9",
+        }
+        self.settings = GatewaySettings(**values)
         self.app = create_app(
             self.settings,
             UnmeteredMeter(),

@@ -12,6 +12,7 @@ from time import time_ns
 
 import httpx
 from console_support import ADMIN_TOKEN, Console, Org, make_org
+from sqlalchemy import insert
 
 from billing.ledger import OrgSuspension
 from gateway.console.rendering import plotly_js
@@ -113,7 +114,7 @@ def test_a_suspended_org_loses_its_session_and_cannot_sign_in(console: Console) 
     assert client.get("/console/overview").status_code == 200
     with console.engine.begin() as connection:  # as Stripe's payment_failed webhook records it
         connection.execute(
-            OrgSuspension.__table__.insert().values(
+            insert(OrgSuspension).values(
                 org_id=org.org_id,
                 customer_id=None,
                 suspended=True,
