@@ -79,7 +79,16 @@ class Access:
     async def sign_in_form(self, request: Request, reason: str = "", status: int = 200) -> Response:
         token = secrets.token_urlsafe(32)
         response = self.pages.render(
-            "sign_in.jinja", {"csrf": token, "reason": reason, "prefix": PREFIX}, status
+            "sign_in.jinja",
+            {
+                "form_csrf": token,
+                "reason": reason,
+                "prefix": PREFIX,
+                "field": "api_key",
+                "field_label": "API key",
+                "field_help": "One of your organization's keys (sk-cs-…).",
+            },
+            status,
         )
         set_cookie(response, request, COOKIES.sign_in_csrf, token, PREFIX, SIGN_IN_FORM_TTL_S)
         return response

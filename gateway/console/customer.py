@@ -27,6 +27,13 @@ from serving.vocabulary import TIERS
 PAGE_SIZES = (25, 50, 100)
 #: Ids and filter values longer than this name nothing.
 MAX_ID_LENGTH = 200
+NAV = [
+    ("overview", "Overview"),
+    ("usage", "Usage"),
+    ("receipts", "Receipts"),
+    ("invoice", "Invoice"),
+    ("keys", "Keys and limits"),
+]
 SIGN_IN_REASONS = {
     "signed-out": "You have signed out.",
     "revoked": "Your session ended: its API key was revoked.",
@@ -57,7 +64,13 @@ def add_customer_routes(app: Starlette, access: Access) -> None:
     def render(viewer: Viewer, name: str, status: int = 200, **context: Any) -> Response:
         return pages.render(
             name,
-            {"prefix": PREFIX, "org": viewer.org, "csrf": viewer.session.csrf, **context},
+            {
+                "prefix": PREFIX,
+                "nav": NAV,
+                "org": viewer.org,
+                "csrf": viewer.session.csrf,
+                **context,
+            },
             status,
         )
 
