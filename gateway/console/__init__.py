@@ -17,6 +17,8 @@ from billing.reporting import UsageReader
 from gateway.auth import Authenticator
 from gateway.console.access import PREFIX, Access
 from gateway.console.customer import add_customer_routes
+from gateway.console.operators import PREFIX as OPERATORS_PREFIX
+from gateway.console.operators import add_operator_routes
 from gateway.console.rendering import Pages, add_static_routes
 from gateway.console.sessions import SessionStore
 from gateway.keys import KeyStore
@@ -37,3 +39,5 @@ def add_console_routes(
     add_static_routes(app, PREFIX)
     access = Access(auth, store, usage, SessionStore(redis, CUSTOMER_SESSIONS), pages)
     add_customer_routes(app, access)
+    add_static_routes(app, OPERATORS_PREFIX)
+    add_operator_routes(app, auth, store, usage, accounts, redis, pages)
