@@ -28,6 +28,10 @@ system-deps:
 	@command -v prometheus >/dev/null && command -v promtool >/dev/null || \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq prometheus; \
 	  else echo "error: install Debian's prometheus package (prometheus, promtool)"; exit 1; fi
+	@# Headless Chromium and its driver: the console's browser tests (tests/console).
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium chromium-driver; \
+	  else echo "error: install Debian's chromium and chromium-driver packages"; exit 1; fi
 
 # Record the exact versions of a working install (commit the file it writes).
 lock: install

@@ -46,6 +46,11 @@ def up(
                 served, text = tier_completion(stack.base_url, stack.dev_key(), tier)
                 typer.echo(f"{tier} tier ok (served by {served}): {text!r}")
             typer.echo(f"ready: {stack.base_url}", color=False)
+            # The key stays in its file: printed, it would end up in terminal logs.
+            typer.echo(
+                f"console: {stack.gateway_url}/console (sign in with the dev key: "
+                f"cat {stack.dev_key_path})"
+            )
             if demo:
                 _, text = tier_completion(stack.base_url, stack.dev_key(), "fast")
                 typer.echo(f"demo completion: {text!r}")

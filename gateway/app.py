@@ -36,6 +36,7 @@ from gateway.api.handler import GenerationHandler
 from gateway.api.relay import Relay
 from gateway.api.responses.endpoint import ResponsesEndpoint
 from gateway.api.usage_routes import READ_METHODS, add_usage_routes
+from gateway.console import add_console_routes
 from gateway.errors import (
     GatewayError,
     gateway_error_handler,
@@ -94,6 +95,7 @@ def create_app(
     app.include_router(build_admin_router(parts.store, parts.auth, accounts))
     _add_account_routes(app, parts.auth, usage)
     _add_operations_routes(app, parts.upstreams, parts.metrics)
+    add_console_routes(app, parts.auth, parts.store, usage, accounts, parts.redis)
     return app
 
 

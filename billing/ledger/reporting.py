@@ -1,5 +1,6 @@
 """Billing's reporting contract with the gateway: an org's usage for ``GET /v1/usage`` and
-its receipts, one per request, for ``GET /v1/usage/requests``.
+its receipts, one per request, for ``GET /v1/usage/requests``; its plan's terms, its
+suspension and its invoice preview for the console (gateway.console).
 
 Kept apart from ``billing.meter.protocol`` (the request path) because it reads the SQL ledger,
 which admission and settlement never touch. Like that module it imports nothing from
@@ -75,6 +76,19 @@ class UsageReader(Protocol):
         so ``UsageUnavailable`` comes before the answer starts)."""
         ...
 
+    async def account(self, org_id: str, plan: str) -> dict[str, Any]:
+        """What the console shows of ``org_id``'s account: ``plan``'s terms in the price
+        book (``plan``: None when the book has no such plan) and whether billing has
+        suspended the org (its own suspension or its Stripe customer's); raises
+        ``UsageUnavailable``."""
+        ...
+
+    async def invoice_preview(self, org_id: str, period: str) -> dict[str, Any]:
+        """``org_id``'s invoice for ``period`` (``YYYY-MM``) as `cstack billing
+        invoice-preview` computes it and Stripe's items mirror it: its lines, each rounded
+        to cents once, and their total; raises ``UsageUnavailable``."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -94,6 +108,22 @@ class UnmeteredUsageReader:
 
     async def receipts_csv(self, org_id: str, period: str) -> AsyncIterator[bytes]:
         yield b""
+
+    async def account(self, org_id: str, plan: str) -> dict[str, Any]:
+        return {"object": "account", "org_id": org_id, "plan": None, "suspended": False}
+
+    async def invoice_preview(self, org_id: str, period: str) -> dict[str, Any]:
+        return {
+            "object": "invoice_preview",
+            "org_id": org_id,
+            "period": period,
+            "plan": None,
+            "currency": "usd",
+            "lines": [],
+            "total_cents": 0,
+            "total": "$0.00",
+            "metered": False,
+        }
 
     async def aclose(self) -> None:
         return None

@@ -14,13 +14,21 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import inspect
+from sqlalchemy import inspect, select
 from sqlalchemy.exc import SQLAlchemyError
 
-from billing.ledger import UsageAdjustment, UsageRow, make_engine, schema_is_current
+from billing.ledger import (
+    OrgSuspension,
+    UsageAdjustment,
+    UsageRow,
+    make_engine,
+    schema_is_current,
+)
+from billing.ledger.invoice import read_invoice
 from billing.ledger.receipts import final_before, find_receipt, list_receipts, month_csv
 from billing.ledger.reporting import ReceiptQuery, UsageUnavailable
 from billing.ledger.summary import usage_summary
+from billing.prices.money import format_cents, format_nano_usd
 from billing.prices.pricebook import PriceBook
 from billing.prices.pricing import pricebook_from_path
 
@@ -69,6 +77,60 @@ class LedgerUsageReader:
             if chunk is None:
                 return
             yield chunk.encode()
+
+    async def account(self, org_id: str, plan: str) -> dict[str, Any]:
+        def read(book: PriceBook) -> dict[str, Any]:
+            with self._engine.connect() as connection:
+                suspended = connection.execute(
+                    select(OrgSuspension.suspended).where(OrgSuspension.org_id == org_id)
+                ).scalar()
+            terms = book.plans.get(plan)
+            return {
+                "object": "account",
+                "org_id": org_id,
+                "plan": None
+                if terms is None
+                else {
+                    "name": terms.name,
+                    "included_nano_usd": terms.included_nano,
+                    "included": format_nano_usd(terms.included_nano),
+                    "overage_billed": terms.overage_billed,
+                    "overage_budget_nano_usd": terms.overage_budget_nano,
+                    "overage_budget": format_nano_usd(terms.overage_budget_nano),
+                    "rpm": terms.rpm,
+                    "tpm": terms.tpm,
+                },
+                "suspended": bool(suspended),
+            }
+
+        return await asyncio.to_thread(self._read, read)
+
+    async def invoice_preview(self, org_id: str, period: str) -> dict[str, Any]:
+        def read(book: PriceBook) -> dict[str, Any]:
+            with self._engine.connect() as connection:
+                preview = read_invoice(connection, book, org_id, period)
+            return {
+                "object": "invoice_preview",
+                "org_id": org_id,
+                "period": period,
+                "plan": preview.plan,
+                "currency": "usd",
+                "lines": [
+                    {
+                        "key": line.key,
+                        "description": line.description,
+                        "quantity": line.quantity,
+                        "amount_cents": line.amount_cents,
+                        "amount": format_cents(line.amount_cents),
+                    }
+                    for line in preview.lines
+                ],
+                "total_cents": preview.total_cents,
+                "total": format_cents(preview.total_cents),
+                "metered": True,
+            }
+
+        return await asyncio.to_thread(self._read, read)
 
     def _final_before(self) -> datetime:
         return final_before(datetime.now(UTC), self._grace_s)
