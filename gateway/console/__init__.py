@@ -12,16 +12,15 @@ from __future__ import annotations
 from redis.asyncio import Redis
 from starlette.applications import Starlette
 
-from billing.contract import BillingAccounts
-from billing.contract import UsageReader
+from billing.contract import BillingAccounts, UsageReader
 from gateway.access.auth import Authenticator
+from gateway.access.keys import KeyStore
 from gateway.console.access import PREFIX, Access
 from gateway.console.customer import add_customer_routes
 from gateway.console.operators import PREFIX as OPERATORS_PREFIX
 from gateway.console.operators import add_operator_routes
 from gateway.console.rendering import Pages, add_static_routes
 from gateway.console.sessions import SessionStore
-from gateway.access.keys import KeyStore
 
 #: Where each console keeps its sessions in Redis (apart: one's session is not the other's).
 CUSTOMER_SESSIONS = "cstack:console:session:"

@@ -21,10 +21,10 @@ from starlette.responses import RedirectResponse, Response
 
 from billing.contract import UsageReader, UsageUnavailable
 from gateway.access.auth import Authenticator
+from gateway.access.keys import KeyStore, Org
 from gateway.console.rendering import Pages
 from gateway.console.sessions import CookieJar, Session, SessionStore, same_token, set_cookie
 from gateway.errors import GatewayError
-from gateway.access.keys import KeyStore, Org
 
 logger = logging.getLogger(__name__)
 

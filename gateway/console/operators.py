@@ -24,12 +24,17 @@ from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from billing.contract import AccountsUnavailable, BillingAccounts, check_customer_id
-from billing.contract import UsageReader, UsageUnavailable
+from billing.contract import (
+    AccountsUnavailable,
+    BillingAccounts,
+    UsageReader,
+    UsageUnavailable,
+    check_customer_id,
+)
 from gateway.access.auth import Authenticator
+from gateway.access.keys import ORGS_KEY, KeyStore, KeyStoreError
 from gateway.console.rendering import Pages
 from gateway.console.sessions import Session, SessionStore, same_token, set_cookie
-from gateway.access.keys import ORGS_KEY, KeyStore, KeyStoreError
 from gateway.metrics import GatewayMetrics
 from serving.vocabulary import TIERS
 

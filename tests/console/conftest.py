@@ -10,13 +10,20 @@ from datetime import UTC, datetime, timedelta
 from time import time_ns
 
 import pytest
-from tests.support.console import RECEIPTS_A, Console, ConsoleGateway, chromium, make_org, priced_event
 from selenium import webdriver
 
 from billing.ledger import make_engine, migrate
 from billing.ledger.writes import insert_usage_events
 from billing.prices.pricing import load_pricebook
 from billing.settings import DEFAULT_PRICEBOOK_PATH
+from tests.support.console import (
+    RECEIPTS_A,
+    Console,
+    ConsoleGateway,
+    chromium,
+    make_org,
+    priced_event,
+)
 
 
 def month_start(moment: datetime) -> datetime:

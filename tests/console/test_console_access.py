@@ -11,11 +11,11 @@ from datetime import UTC, datetime
 from time import time_ns
 
 import httpx
-from tests.support.console import ADMIN_TOKEN, Console, Org, make_org
 from sqlalchemy import insert
 
 from billing.ledger import OrgSuspension
 from gateway.console.rendering import plotly_js
+from tests.support.console import ADMIN_TOKEN, Console, Org, make_org
 
 CSRF_FIELD = re.compile(r'name="csrf_token" value="([^"]+)"')
 

@@ -11,15 +11,15 @@ from typing import Any
 
 import httpx
 import pytest
-from tests.support.console import RECEIPTS_A, Console, Org
 from selenium import webdriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
-from billing.invoice import invoice_preview
-from billing.money import format_cents
+from billing.ledger.invoice import invoice_preview
+from billing.prices.money import format_cents
+from tests.support.console import RECEIPTS_A, Console, Org
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -10,13 +10,13 @@ import re
 from time import time_ns
 
 import httpx
-from tests.support.console import ADMIN_TOKEN, Console, make_org
 from selenium import webdriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
 from serving.vocabulary import TIERS
+from tests.support.console import ADMIN_TOKEN, Console, make_org
 
 
 def sign_in(driver: webdriver.Chrome, console: Console) -> None:

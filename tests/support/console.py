@@ -16,15 +16,15 @@ from redis.asyncio import Redis
 from selenium import webdriver
 from sqlalchemy import Engine
 
-from billing.stripe.customers import LedgerAccounts
+from billing.ledger.usage_reader import LedgerUsageReader
 from billing.meter.events import UsageEvent
 from billing.meter.protocol import UnmeteredMeter
 from billing.prices.pricebook import PriceBook
 from billing.prices.pricing import charge
 from billing.settings import DEFAULT_PRICEBOOK_PATH
-from billing.ledger.usage_reader import LedgerUsageReader
-from gateway.app import create_app
+from billing.stripe.customers import LedgerAccounts
 from gateway.access.keys import KeyStore
+from gateway.app import create_app
 from gateway.server.listeners import bind_listeners, server_config
 from gateway.settings import GatewaySettings
 from serving.process import free_port
