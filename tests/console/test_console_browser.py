@@ -19,7 +19,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from billing.ledger.invoice import invoice_preview
 from billing.prices.money import format_cents
-from tests.support.console import RECEIPTS_A, Console, Org
+from tests.support.console import RECEIPTS_A, Console, Org, navigate
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -155,7 +155,7 @@ def test_receipts_table_pages_and_details_equal_the_api(
     first = client.get("/v1/usage/requests", params={"limit": 25}).json()
     assert receipt_ids(browser) == [r["id"] for r in first["data"]]
     shot(browser, console, "receipts")
-    browser.find_element(By.ID, "next-page").click()
+    navigate(browser, browser.find_element(By.ID, "next-page"))
     rest = client.get("/v1/usage/requests", params={"limit": 25, "after": first["last_id"]})
     assert receipt_ids(browser) == [r["id"] for r in rest.json()["data"]]
     assert not browser.find_elements(By.ID, "next-page")
@@ -164,12 +164,12 @@ def test_receipts_table_pages_and_details_equal_the_api(
     browser.get(f"{console.gateway.url}/console/receipts")
     browser.find_element(By.ID, "tier").send_keys("fast")
     browser.find_element(By.ID, "limit").send_keys("100")
-    browser.find_element(By.CSS_SELECTOR, "form.filters button").click()
+    navigate(browser, browser.find_element(By.CSS_SELECTOR, "form.filters button"))
     fast = client.get("/v1/usage/requests", params={"tier": "fast", "limit": 100}).json()
     assert receipt_ids(browser) == [r["id"] for r in fast["data"]] != []
 
     wanted: dict[str, Any] = fast["data"][0]
-    browser.find_element(By.LINK_TEXT, wanted["id"]).click()
+    navigate(browser, browser.find_element(By.LINK_TEXT, wanted["id"]))
     assert text_of(browser, "input-tokens") == str(wanted["input_tokens"])
     assert text_of(browser, "output-tokens") == str(wanted["output_tokens"])
     for element_id, field in (

@@ -16,7 +16,7 @@ from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
 from serving.vocabulary import TIERS
-from tests.support.console import ADMIN_TOKEN, Console, make_org
+from tests.support.console import ADMIN_TOKEN, Console, make_org, navigate
 
 
 def sign_in(driver: webdriver.Chrome, console: Console) -> None:
@@ -45,9 +45,9 @@ def test_operators_manage_orgs_and_keys(console: Console, browser: webdriver.Chr
     assert "$100.000000000 + $1000.000000000" in table  # pro's budget
     browser.save_screenshot(str(console.screenshots / "operator-orgs.png"))
 
-    browser.find_element(By.LINK_TEXT, org.org_id).click()
+    navigate(browser, browser.find_element(By.LINK_TEXT, org.org_id))
     browser.find_element(By.ID, "key_name").send_keys("made in the console")
-    browser.find_element(By.ID, "create-key").click()
+    navigate(browser, browser.find_element(By.ID, "create-key"))
     token = browser.find_element(By.ID, "new-key").text
     models = httpx.get(
         f"{console.gateway.url}/v1/models", headers={"authorization": f"Bearer {token}"}
@@ -58,13 +58,15 @@ def test_operators_manage_orgs_and_keys(console: Console, browser: webdriver.Chr
     customer = browser.find_element(By.ID, "customer_id")
     customer.clear()
     customer.send_keys("cus_console1")
-    browser.find_element(By.ID, "save-settings").click()
+    navigate(browser, browser.find_element(By.ID, "save-settings"))
     WebDriverWait(browser, 20).until(lambda d: "new-key" not in d.page_source)
     record = admin_org(console, org.org_id)
     assert (record["default_tier"], record["customer_id"]) == ("standard", "cus_console1")
 
     key_id = token.removeprefix("sk-cs-").split(".")[0]
-    browser.find_element(By.CSS_SELECTOR, f"button[aria-label='Revoke key {key_id}']").click()
+    navigate(
+        browser, browser.find_element(By.CSS_SELECTOR, f"button[aria-label='Revoke key {key_id}']")
+    )
     WebDriverWait(browser, 20).until(
         lambda d: "revoked" in d.find_element(By.ID, "keys-table").text
     )

@@ -169,3 +169,15 @@ def chromium() -> webdriver.Chrome:
     ):
         options.add_argument(argument)
     return webdriver.Chrome(options=options, service=webdriver.ChromeService(CHROMEDRIVER))
+
+
+def navigate(driver: Any, element: Any) -> None:
+    """Click ``element`` (a link or a form's button) and wait until the next page has
+    replaced this one: a find right after a click could read the old page."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    page = driver.find_element(By.TAG_NAME, "html")
+    element.click()
+    WebDriverWait(driver, 30).until(expected_conditions.staleness_of(page))
