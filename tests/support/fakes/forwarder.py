@@ -12,7 +12,9 @@ request sent to it holds its engine slot. With
 ``--stall-after BYTES`` it stops relaying an event stream after that many bytes and prints
 ``stalled`` once they have left it: a test that kills it "mid-stream" then knows the
 stream cannot have finished already (a fast engine can otherwise generate the whole answer
-into socket buffers before the kill).
+into socket buffers before the kill). When its client then closes the connection it
+prints ``hung up`` (and closes its own connection upstream, which aborts the request in
+vLLM).
 """
 
 from __future__ import annotations
@@ -23,10 +25,13 @@ import sys
 
 
 async def pipe(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, stall_after: int | None = None
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    stall_after: int | None = None,
+    stalled: asyncio.Event | None = None,
 ) -> None:
     """Relay bytes; with ``stall_after``, stop relaying an event stream after that many of
-    its bytes (the connection stays open, as with a hung upstream)."""
+    its bytes (the connection stays open, as with a hung upstream) and set ``stalled``."""
     streamed: int | None = None
     try:
         while data := await reader.read(65536):
@@ -39,6 +44,8 @@ async def pipe(
                         while writer.transport.get_write_buffer_size():
                             await asyncio.sleep(0.01)
                         print("stalled", flush=True)  # its bytes are in the peer's kernel
+                        if stalled is not None:
+                            stalled.set()
                         await asyncio.Event().wait()  # until the process is killed
                     streamed += len(data)
             writer.write(data)
@@ -112,10 +119,13 @@ async def main(
         except OSError:
             client_writer.close()
             return
-        await asyncio.gather(
-            pipe(client_reader, upstream_writer),
-            pipe(upstream_reader, client_writer, stall_after),
-        )
+        stalled = asyncio.Event()
+        to_client = asyncio.create_task(pipe(upstream_reader, client_writer, stall_after, stalled))
+        await pipe(client_reader, upstream_writer)  # until the client closes: upstream too
+        if stalled.is_set():
+            print("hung up", flush=True)  # the client left a stream held here
+            to_client.cancel()
+        await asyncio.gather(to_client, return_exceptions=True)
 
     answer = {"overloaded": answer_overloaded, "hang": answer_hung}.get(mode, handle)
     server = await asyncio.start_server(answer, "127.0.0.1", listen_port)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -51,6 +52,21 @@ class Forwarder:
         while (line := self.process.stdout.readline()) and line.strip() != "stalled":
             pass
         assert line, "the forwarder ended before it stalled"
+
+    def wait_hung_up(self, timeout_s: float = 30) -> None:
+        """Until the client of a stalled stream has closed its connection."""
+        assert self.process.stdout is not None
+        lines = self.process.stdout
+        hung_up = threading.Event()
+
+        def read() -> None:
+            while line := lines.readline():
+                if line.strip() == "hung up":
+                    hung_up.set()
+                    return
+
+        threading.Thread(target=read, daemon=True).start()
+        assert hung_up.wait(timeout_s), f"the client kept its stalled stream for {timeout_s} s"
 
     def unread_by_clients(self) -> int:
         """Bytes this forwarder sent that its clients' processes have not read yet: the
