@@ -176,12 +176,11 @@ def test_client_disconnect_mid_stream_drops_the_upstream_request(
     [usage] = meter.wait_settled(1)
     assert usage.outcome == "client_disconnect"
     assert usage.tier == "fast" and 2 <= usage.completion_tokens < 1500
-    idle = lambda: (
-        metric_value(  # noqa: E731
-            httpx.get(f"{vllm_url}/metrics").text, "vllm:num_requests_running"
-        )
-        == 0
-    )
+
+    def idle() -> bool:
+        metrics = httpx.get(f"{vllm_url}/metrics").text
+        return metric_value(metrics, "vllm:num_requests_running") == 0
+
     wait_until(idle, "vLLM to end the dropped request")
 
 
