@@ -4,8 +4,9 @@
 where it is: resolving (packages collected so far), downloading, installing (the longest
 phase: unpacking about 4 GB and compiling it to bytecode), each with the seconds it took.
 On a terminal the current phase is one line, redrawn every second; piped, it prints a
-line per phase change. pip's own warnings and errors pass through, and its full output
-goes to a log file named at the start.
+line per phase change and, while a phase goes on, a line every HEARTBEAT_S seconds.
+pip's own warnings and errors pass through, and its full output goes to a log file named
+at the start.
 
 The venv holds nothing but pip when this runs: only the standard library here.
 """
@@ -35,14 +36,18 @@ _MB = {"kB": 1e-3, "MB": 1.0, "GB": 1e3}
 #: What a reader needs to see as pip said it: its warnings, and everything from an error on.
 _WARNING = re.compile(r"^WARNING")
 _ERROR = re.compile(r"^(ERROR|error)")
+#: Piped, the longest a phase goes without a line (installing alone takes minutes).
+HEARTBEAT_S = 20.0
 
 
 class _Display:
     """The phase and its seconds: one redrawn line on a terminal, else a line per phase."""
 
-    def __init__(self, live: bool) -> None:
+    def __init__(self, live: bool, heartbeat_s: float = HEARTBEAT_S) -> None:
         self.live = live
+        self.heartbeat_s = heartbeat_s
         self.started = time.monotonic()
+        self.printed_at = self.started
         self.phase = "starting pip"
         self.phase_index = -1
         self.phase_started = self.started
@@ -58,13 +63,20 @@ class _Display:
         self.detail = ""
         if not self.live:
             print(f"install: {phase} (at {now - self.started:.0f} s)", flush=True)
+            self.printed_at = now
 
     def say(self, line: str) -> None:
         self._clear()
         print(line, flush=True)
+        self.printed_at = time.monotonic()
         self.tick()
 
     def tick(self) -> None:
+        now = time.monotonic()
+        if not self.live and now - self.printed_at >= self.heartbeat_s:
+            print(f"install: still {self.phase}{self.detail} (at {now - self.started:.0f} s)")
+            sys.stdout.flush()
+            self.printed_at = now
         if self.live:
             text = f"install: {self.phase}{self.detail} · {time.monotonic() - self.started:.0f} s"
             width = shutil.get_terminal_size().columns - 1

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from deploy import pip_progress
 from deploy.progress import Progress
 from serving.launcher import VllmServer
 
@@ -64,3 +65,21 @@ def test_piped_progress_prints_a_line_per_phase(capsys: pytest.CaptureFixture[st
     assert lines[6] == "ledger: migrating"
     assert lines[7].startswith("ledger: failed after 0 s (migrating)")
     assert lines[8:] == ["billing beat: starting", "billing beat: stopped after 0 s (starting)"]
+
+
+def test_piped_pip_install_prints_a_line_while_a_long_phase_goes_on(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`make install` piped (make up in CI, a log file): pip's installing phase takes
+    minutes; a heartbeat line comes at least every heartbeat_s."""
+    display = pip_progress._Display(live=False, heartbeat_s=0.05)
+    display.enter("installing", 2)
+    display.detail = " 206 packages"
+    display.tick()  # too soon: nothing
+    time.sleep(0.06)
+    display.tick()
+    display.tick()  # just printed: nothing
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("install: installing (at ")
+    assert len(lines) == 2 and lines[1].startswith("install: still installing 206 packages (at ")
+    assert pip_progress.HEARTBEAT_S <= 30  # the longest a step may stay silent
