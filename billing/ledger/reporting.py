@@ -54,10 +54,22 @@ class ReceiptQuery:
 
 class UsageReader(Protocol):
     async def usage_summary(
-        self, org_id: str, start: date | None = None, end: date | None = None
+        self,
+        org_id: str,
+        start: date | None = None,
+        end: date | None = None,
+        *,
+        by_model: bool = False,
     ) -> dict[str, Any]:
         """``org_id``'s usage from ``start`` to ``end`` inclusive, as ``GET /v1/usage``
-        returns it; raises ``UsageUnavailable`` when it cannot be read."""
+        returns it (a row per day and tier, or per day, tier and model with ``by_model``);
+        raises ``UsageUnavailable`` when it cannot be read."""
+        ...
+
+    async def key_activity(self, org_id: str, period: str) -> dict[str, dict[str, Any]]:
+        """Per key of ``org_id`` that has made a request: ``last_used_at`` (an ISO 8601
+        instant), and ``requests`` and ``list_cost`` (and ``list_cost_nano_usd``) in
+        ``period`` (``YYYY-MM``)."""
         ...
 
     async def receipts(self, org_id: str, query: ReceiptQuery) -> dict[str, Any]:
@@ -96,9 +108,17 @@ class UnmeteredUsageReader:
     """Reports that nothing is metered: the gateway with billing switched off."""
 
     async def usage_summary(
-        self, org_id: str, start: date | None = None, end: date | None = None
+        self,
+        org_id: str,
+        start: date | None = None,
+        end: date | None = None,
+        *,
+        by_model: bool = False,
     ) -> dict[str, Any]:
         return {"object": "usage", "org_id": org_id, "data": [], "metered": False}
+
+    async def key_activity(self, org_id: str, period: str) -> dict[str, dict[str, Any]]:
+        return {}
 
     async def receipts(self, org_id: str, query: ReceiptQuery) -> dict[str, Any]:
         return {"object": "list", "data": [], "first_id": None, "last_id": None, "has_more": False}

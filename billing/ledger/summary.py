@@ -1,4 +1,5 @@
-"""An org's usage for ``GET /v1/usage``: tokens and money by day and tier, from the ledger.
+"""An org's usage for ``GET /v1/usage``: tokens and money by day and tier (and model, when
+asked), from the ledger.
 
 Money follows the promotion rule (billing.allowance), so these figures are the invoice's
 and the receipts'. Adjustment rows are shown on the day and tier they take effect on, so
@@ -94,8 +95,12 @@ def usage_summary(
     org_id: str,
     start: date | None = None,
     end: date | None = None,
+    *,
+    by_model: bool = False,
 ) -> dict[str, Any]:
-    """Usage of ``org_id`` from ``start`` to ``end`` inclusive (default: this month so far).
+    """Usage of ``org_id`` from ``start`` to ``end`` inclusive (default: this month so far),
+    a row per day and tier, or per day, tier and model (the name each request asked for)
+    with ``by_model``.
 
     Money per day and tier under the promotion rule (billing.allowance): list cost, the
     allowance it used, what the promotion saved (list covered by the allowance minus the
@@ -105,7 +110,8 @@ def usage_summary(
     first, last = _bounds(start, end)
     lower, upper = _instant(first), _after(last)
     day = func.date(UsageRow.started_at)
-    buckets: dict[tuple[date, str], dict[str, int]] = defaultdict(_empty)
+    model = (UsageRow.model if by_model else literal("")).label("model")
+    buckets: dict[tuple[date, str, str], dict[str, int]] = defaultdict(_empty)
     with engine.connect() as connection:
         for period in _months(connection, org_id, lower, upper):
             month = month_allowance(connection, book, org_id, period)
@@ -116,6 +122,7 @@ def usage_summary(
                 select(
                     day.label("day"),
                     UsageRow.tier,
+                    model,
                     phase_column,
                     func.count().label("requests"),
                     func.sum(UsageRow.prompt_tokens).label("prompt_tokens"),
@@ -127,10 +134,10 @@ def usage_summary(
                 .where(UsageRow.org_id == org_id)
                 .where(UsageRow.started_at >= max(lower, month_lower))
                 .where(UsageRow.started_at < min(upper, month_upper))
-                .group_by(day, UsageRow.tier, phase_column)
+                .group_by(day, UsageRow.tier, model, phase_column)
             )
             for row in connection.execute(usage):
-                bucket = buckets[(_as_date(row.day), row.tier)]
+                bucket = buckets[(_as_date(row.day), row.tier, row.model)]
                 for name in COUNT_FIELDS:
                     bucket[name] += int(getattr(row, name) or 0)
                 list_cost = int(row.list_cost or 0)
@@ -142,24 +149,35 @@ def usage_summary(
                 else:
                     _add_split(bucket, Split(0, 0, list_cost))
         adjustment_day = func.date(UsageAdjustment.effective_at)
+        # An adjustment counts under the model of the request it corrects, if it names one.
+        adjusted_model = (func.coalesce(UsageRow.model, "") if by_model else literal("")).label(
+            "model"
+        )
         adjustments = (
             select(
                 adjustment_day.label("day"),
                 UsageAdjustment.tier,
+                adjusted_model,
                 func.sum(UsageAdjustment.list_cost_delta_nano_usd).label("amount"),
             )
+            .select_from(UsageAdjustment)
+            .outerjoin(UsageRow, UsageRow.event_id == UsageAdjustment.event_id)
             .where(UsageAdjustment.org_id == org_id)
             .where(UsageAdjustment.effective_at >= lower, UsageAdjustment.effective_at < upper)
-            .group_by(adjustment_day, UsageAdjustment.tier)
+            .group_by(adjustment_day, UsageAdjustment.tier, adjusted_model)
         )
         for row in connection.execute(adjustments):
-            buckets[(_as_date(row.day), row.tier)]["adjustments_nano_usd"] += int(row.amount or 0)
+            key = (_as_date(row.day), row.tier, row.model)
+            buckets[key]["adjustments_nano_usd"] += int(row.amount or 0)
     totals = _empty()
     data = []
-    for (day_value, tier), bucket in sorted(buckets.items()):
+    for (day_value, tier, model_name), bucket in sorted(buckets.items()):
         for name, value in bucket.items():
             totals[name] += value
-        data.append({"date": day_value.isoformat(), "tier": tier, **_with_money_strings(bucket)})
+        row_key: dict[str, Any] = {"date": day_value.isoformat(), "tier": tier}
+        if by_model:
+            row_key["model"] = model_name or None
+        data.append({**row_key, **_with_money_strings(bucket)})
     return {
         "object": "usage",
         "org_id": org_id,
@@ -170,3 +188,32 @@ def usage_summary(
         "totals": _with_money_strings(totals),
         "data": data,
     }
+
+
+def key_activity(engine: Engine, org_id: str, period: str) -> dict[str, dict[str, Any]]:
+    """Per key of ``org_id`` that has made a request: when it last did, and its requests
+    and list cost in ``period`` (``YYYY-MM``). A key with no request is absent."""
+    month_lower, month_upper = period_bounds(period)
+    in_month = (UsageRow.started_at >= month_lower) & (UsageRow.started_at < month_upper)
+    query = (
+        select(
+            UsageRow.key_id,
+            func.max(UsageRow.started_at).label("last_used_at"),
+            func.count().filter(in_month).label("requests"),
+            func.coalesce(func.sum(UsageRow.list_cost_nano_usd).filter(in_month), 0).label(
+                "list_cost"
+            ),
+        )
+        .where(UsageRow.org_id == org_id)
+        .group_by(UsageRow.key_id)
+    )
+    with engine.connect() as connection:
+        return {
+            row.key_id: {
+                "last_used_at": row.last_used_at.isoformat(),
+                "requests": int(row.requests),
+                "list_cost_nano_usd": int(row.list_cost),
+                "list_cost": format_nano_usd(int(row.list_cost)),
+            }
+            for row in connection.execute(query)
+        }

@@ -27,7 +27,7 @@ from billing.ledger import (
 from billing.ledger.invoice import read_invoice
 from billing.ledger.receipts import final_before, find_receipt, list_receipts, month_csv
 from billing.ledger.reporting import ReceiptQuery, UsageUnavailable
-from billing.ledger.summary import usage_summary
+from billing.ledger.summary import key_activity, usage_summary
 from billing.prices.money import format_cents, format_nano_usd
 from billing.prices.pricebook import PriceBook
 from billing.prices.pricing import pricebook_from_path
@@ -47,10 +47,21 @@ class LedgerUsageReader:
         self._grace_s = invoice_grace_s
 
     async def usage_summary(
-        self, org_id: str, start: date | None = None, end: date | None = None
+        self,
+        org_id: str,
+        start: date | None = None,
+        end: date | None = None,
+        *,
+        by_model: bool = False,
     ) -> dict[str, Any]:
         return await asyncio.to_thread(
-            self._read, lambda book: usage_summary(self._engine, book, org_id, start, end)
+            self._read,
+            lambda book: usage_summary(self._engine, book, org_id, start, end, by_model=by_model),
+        )
+
+    async def key_activity(self, org_id: str, period: str) -> dict[str, dict[str, Any]]:
+        return await asyncio.to_thread(
+            self._read, lambda _book: key_activity(self._engine, org_id, period)
         )
 
     async def receipts(self, org_id: str, query: ReceiptQuery) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """``GET /v1/usage`` and the receipts under it: what an API key may read of its org's billing.
 
-- ``/v1/usage?start=&end=``: usage and money by day and tier (dates, ``YYYY-MM-DD``).
+- ``/v1/usage?start=&end=``: usage and money by day and tier (dates, ``YYYY-MM-DD``);
+  with ``group_by=model``, by day, tier and model.
 - ``/v1/usage/requests``: one receipt per request, in the order the allowance takes them,
   ``limit`` (1 to 1000, default 100) at a time after the receipt ``after``; filters
   ``start_time`` and ``end_time`` (Unix seconds, start inclusive, end exclusive),
@@ -55,8 +56,13 @@ def add_usage_routes(app: FastAPI, auth: Authenticator, usage: UsageReader) -> N
         end = parse_date(request.query_params.get("end"), "end")
         if start and end and start > end:
             raise bad_request("start: must not be after end", param="start")
+        group_by = request.query_params.get("group_by")
+        if group_by not in (None, "model"):
+            raise bad_request("group_by: the one grouping offered is 'model'", param="group_by")
         try:
-            summary = await usage.usage_summary(principal.key.org_id, start, end)
+            summary = await usage.usage_summary(
+                principal.key.org_id, start, end, by_model=group_by == "model"
+            )
         except UsageUnavailable as exc:
             raise unavailable(exc) from None
         return JSONResponse(summary)

@@ -110,7 +110,7 @@ def add_customer_routes(app: Starlette, access: Access) -> None:
         if month is None:
             return bad_request(viewer, "month: expected YYYY-MM")
         first, last = month_days(month)
-        summary = await usage.usage_summary(viewer.org.org_id, first, last)
+        summary = await usage.usage_summary(viewer.org.org_id, first, last, by_model=True)
         chart = chart_data(summary.get("data", []))
         return render(
             viewer,
@@ -231,6 +231,8 @@ def add_customer_routes(app: Starlette, access: Access) -> None:
             "keys.jinja",
             page="keys",
             keys=keys,
+            month=this_month(),
+            activity=await usage.key_activity(viewer.org.org_id, this_month()),
             plan=viewer.account["plan"],
             current_key=viewer.session.key_id,
         )
@@ -249,14 +251,18 @@ def add_customer_routes(app: Starlette, access: Access) -> None:
 
 
 def chart_data(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per tier, day by day: list cost in dollars and tokens (input + output), for plotly."""
+    """Per tier and model, day by day: list cost in dollars and tokens (input + output),
+    for plotly."""
     days = sorted({row["date"] for row in rows})
     series: dict[str, dict[str, Any]] = {}
-    for tier in TIERS:
-        by_day = {row["date"]: row for row in rows if row["tier"] == tier}
-        if not by_day:
-            continue
-        series[tier] = {
+    names = sorted({(row["tier"], row.get("model") or "") for row in rows}, key=_tier_first)
+    for tier, model in names:
+        by_day = {
+            row["date"]: row
+            for row in rows
+            if row["tier"] == tier and (row.get("model") or "") == model
+        }
+        series[f"{tier} · {model}" if model else tier] = {
             "cost_usd": [
                 by_day[day]["list_cost_nano_usd"] / 1e9 if day in by_day else 0 for day in days
             ],
@@ -267,4 +273,9 @@ def chart_data(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 for day in days
             ],
         }
-    return {"days": days, "tiers": series}
+    return {"days": days, "series": series}
+
+
+def _tier_first(name: tuple[str, str]) -> tuple[int, str]:
+    tier, model = name
+    return (TIERS.index(tier) if tier in TIERS else len(TIERS), model)

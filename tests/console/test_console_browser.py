@@ -18,7 +18,7 @@ from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
 from billing.ledger.invoice import invoice_preview
-from billing.prices.money import format_cents
+from billing.prices.money import format_cents, format_nano_usd
 from tests.support.console import RECEIPTS_A, Console, Org, navigate
 
 pytestmark = pytest.mark.timeout(300)
@@ -109,13 +109,15 @@ def test_usage_chart_and_table_equal_the_api(console: Console, browser: webdrive
         )
     )
     start = f"{month}-01"
-    summary = api(console, console.a).get("/v1/usage", params={"start": start}).json()
+    params = {"start": start, "group_by": "model"}
+    summary = api(console, console.a).get("/v1/usage", params=params).json()
     rows = browser.find_elements(By.CSS_SELECTOR, "#usage-table tbody tr")
     shown = [[cell.text for cell in row.find_elements(By.TAG_NAME, "td")] for row in rows]
     expected = [
         [
             r["date"],
             r["tier"],
+            r["model"],
             str(r["requests"]),
             str(r["prompt_tokens"]),
             str(r["cached_tokens"]),
@@ -136,6 +138,9 @@ def test_usage_chart_and_table_equal_the_api(console: Console, browser: webdrive
     )
     total = sum(value for _, value in drawn)
     assert total == pytest.approx(summary["totals"]["list_cost_nano_usd"] / 1e9)
+    # A bar series per tier and model.
+    assert {name for name, _ in drawn} == {f"{r['tier']} · {r['model']}" for r in summary["data"]}
+    assert len(drawn) == 4  # the fixture's receipts: two tiers x two models
     shot(browser, console, "usage")
 
 
@@ -230,4 +235,28 @@ def test_keys_page_shows_the_orgs_keys_and_limits(
     assert f"sk-cs-{console.a.key_id}" in table and console.b.key_id not in table
     assert text_of(browser, "default-tier") == "fast"
     assert (text_of(browser, "rpm"), text_of(browser, "tpm")) == ("600", "2000000")  # pro's
+    # Last use and this month's figures, as the key's receipts add up.
+    month_start = datetime.now(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    receipts = api(console, console.a).get(
+        "/v1/usage/requests",
+        params={
+            "key_id": console.a.key_id,
+            "start_time": int(month_start.timestamp()),
+            "limit": 1000,
+        },
+    )
+    this_month = receipts.json()["data"]
+    [row] = [
+        row
+        for row in browser.find_elements(By.CSS_SELECTOR, "#keys-table tbody tr")
+        if f"sk-cs-{console.a.key_id}" in row.text
+    ]
+    last_used = max(datetime.fromisoformat(r["started_at"]) for r in this_month)
+    assert row.find_element(By.CLASS_NAME, "last-used").text == last_used.strftime(
+        "%Y-%m-%d %H:%M:%S UTC"
+    )
+    assert len(this_month) >= RECEIPTS_A
+    assert row.find_element(By.CLASS_NAME, "requests").text == str(len(this_month))
+    list_cost = sum(r["list_cost_nano_usd"] for r in this_month)
+    assert row.find_element(By.CLASS_NAME, "list-cost").text == format_nano_usd(list_cost)
     shot(browser, console, "keys")

@@ -18,9 +18,9 @@ function drawUsage() {
     height: 320,
   });
   const traces = (field) =>
-    Object.entries(chart.tiers).map(([tier, series]) => ({
+    Object.entries(chart.series).map(([name, series]) => ({
       type: "bar",
-      name: tier,
+      name: name,
       x: chart.days,
       y: series[field],
     }));

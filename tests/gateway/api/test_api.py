@@ -193,6 +193,8 @@ def test_usage_endpoint_and_probes(http: httpx.Client) -> None:
     assert usage.status_code == 200 and usage.json()["org_id"] == "acme"
     bad = http.get("/v1/usage", params={"start": "yesterday"})
     assert bad.status_code == 400 and error_of(bad)["param"] == "start"
+    grouping = http.get("/v1/usage", params={"group_by": "key"})
+    assert grouping.status_code == 400 and error_of(grouping)["param"] == "group_by"
     assert http.get("/healthz").json() == {"status": "ok"}
     ready = http.get("/readyz")
     assert ready.status_code == 200 and ready.json()["status"] == "ready"
