@@ -17,7 +17,11 @@ Redis, with its password) and, in front of that one upstream, side by side:
   `python3 -m venv /tmp/litellm-venv && /tmp/litellm-venv/bin/pip install
   'litellm[proxy]==1.100.0'`), no database, one worker, a master key;
 - with `--vllm-router PATH`, vLLM's router (`vllm-router==0.1.17`, Rust, in a venv of its
-  own), round robin over the one upstream, no auth and no metering at all.
+  own), round robin over the one upstream, no auth and no metering at all;
+- with `--tensorzero PYTHON`, TensorZero's gateway (`tensorzero==2026.6.0`, Rust inside
+  its wheel), no auth, metering or observability; it refuses `n` other than 1, so its
+  varied requests have n = 1 (its rows say so). `bench/peers.py` starts the peers and
+  says how to install them.
 
 Every gateway runs with engine admission off (`CSTACK_ENGINE_ADMISSION=false`): the
 stand-in upstream is no engine with a batch size, and holding it to the cpu profile's 8
@@ -26,8 +30,11 @@ in a temp dir by default, `cstack up`'s default) is off the request path: the bi
 worker writes it from the stream in production, in pods of its own, so it is not run here.
 Keys belong to a plan whose limits never bind (`bench`, added to the shipped price book).
 
-Then it sends identical requests (chat completion, `max_tokens` 8; streams of 8 events and
-`[DONE]`) to each, one after the other:
+Then it sends requests to each, one after the other: first varied shapes, the headline
+(VARIED_BODIES chat completions, each its own prompt size, `max_tokens` and `n`, from the
+keys of --tenants orgs in turn), then one repeated shape (`max_tokens` 8) as an extra
+table. The upstream answers every one alike (8 tokens; streams of 8 events and `[DONE]`):
+what varies is what the gateway reads, reserves and settles.
 
 1. throughput: a closed loop of --clients clients (keep-alive connections), the upstream
    answering at once, for --seconds, --rounds times round-robin over the targets: req/s,
@@ -61,8 +68,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
+import math
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -74,6 +84,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+from peers import (
+    LITELLM_KEY,
+    TENSORZERO_MODEL,
+    TENSORZERO_PATH,
+    start_litellm,
+    start_process,
+    start_tensorzero,
+    start_vllm_router,
+    wait_http,
+)
+
 ROOT = Path(__file__).resolve().parents[1]
 CHAT_BODY = {
     "model": "composer-2.5",
@@ -81,6 +102,24 @@ CHAT_BODY = {
     "max_tokens": 8,
 }
 STREAM_EVENTS = 8
+#: Varied traffic: this many bodies, each its own prompt size (5-1,500 words), max_tokens
+#: (4-4,096), both log-uniform, and n (1 or 2), sent in turn by keys of --tenants orgs.
+VARIED_BODIES = 512
+WORDS = [
+    "the",
+    "gateway",
+    "meters",
+    "every",
+    "token",
+    "of",
+    "each",
+    "request",
+    "and",
+    "bills",
+    "its",
+    "org",
+    "fairly",
+]
 #: A plan whose limits never bind: the benchmark measures the meter, not its refusals.
 BENCH_PLAN = {
     "included_usd": "1000000.00",
@@ -88,7 +127,6 @@ BENCH_PLAN = {
     "rpm": 1_000_000_000,
     "tpm": 1_000_000_000_000,
 }
-LITELLM_KEY = "sk-bench-master-key"
 
 
 # --- the fast upstream (runs in its own process: --serve-upstream PORT) -------------------
@@ -254,10 +292,12 @@ async def connect_pool(port: int, size: int) -> asyncio.Queue[Connection]:
 
 
 async def run_load(
-    port: int, request: bytes, concurrency: int, seconds: float, rate: float | None
+    port: int, requests: list[bytes], concurrency: int, seconds: float, rate: float | None
 ) -> Sample:
-    """Closed loop when ``rate`` is None, else paced at ``rate`` requests/s (open loop)."""
+    """Closed loop when ``rate`` is None, else paced at ``rate`` requests/s (open loop);
+    ``requests`` are sent in turn."""
     pool = await connect_pool(port, concurrency)
+    turn = itertools.cycle(requests)
     latency: list[float] = []
     first_event: list[float] = []
 
@@ -265,7 +305,7 @@ async def run_load(
         connection = await pool.get()
         try:
             sent = time.perf_counter()
-            first = await connection.exchange(request)
+            first = await connection.exchange(next(turn))
             latency.append(time.perf_counter() - scheduled)
             first_event.append(sent - scheduled + first)
         finally:
@@ -305,12 +345,27 @@ class Target:
 
     name: str
     port: int
-    key: str | None
+    #: The keys its requests carry, in turn (none: it asks for none).
+    keys: list[str]
     pids: list[int] = field(default_factory=list)
     #: The Redis it meters through (its CPU is shown apart: production runs it elsewhere).
     redis_pids: list[int] = field(default_factory=list)
     #: The paths its requests go to (LiteLLM's proxy serves the same /v1 routes).
     path: str = "/v1/chat/completions"
+    #: The model name it wants, when not ours.
+    model: str | None = None
+    #: It refuses ``n`` other than 1 (TensorZero): its varied bodies have n = 1.
+    single_choice: bool = False
+
+    def requests(self, bodies: list[dict[str, Any]]) -> list[bytes]:
+        made = []
+        for index, body in enumerate(bodies):
+            body = {**body, **({"model": self.model} if self.model else {})}
+            if self.single_choice:
+                body.pop("n", None)
+            key = self.keys[index % len(self.keys)] if self.keys else None
+            made.append(build_request(self.port, self.path, body, key))
+        return made
 
     def cpu_seconds(self, redis: bool = False) -> float:
         """User + system CPU time so far of its processes and their children (or Redis)."""
@@ -328,58 +383,49 @@ class Target:
         return total
 
 
-def start_process(
-    args: list[str],
-    env: dict[str, str | None] | None = None,
-    log: Path | None = None,
-    cwd: Path = ROOT,
-) -> subprocess.Popen[bytes]:
-    """``env``: variables to set, or (None) to remove. stderr stays on the terminal (errors
-    show) unless a log is given; stdout is never read."""
-    merged = {**os.environ, **(env or {})}
-    environment = {name: value for name, value in merged.items() if value is not None}
-    out = log.open("ab") if log else None
-    return subprocess.Popen(
-        args,
-        cwd=cwd,
-        env=environment,
-        stdout=out or subprocess.DEVNULL,
-        stderr=out,
-        start_new_session=True,
-    )
-
-
-def wait_http(url: str, process: subprocess.Popen[bytes], timeout_s: float = 120) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{process.args!r} exited with status {process.returncode}")
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} did not become ready")
-
-
-def make_key(redis_url: str, plan: str) -> str:
+def make_keys(redis_url: str, plan: str, tenants: int) -> list[str]:
+    """A key of each of ``tenants`` orgs on ``plan``."""
     from redis.asyncio import Redis
 
     from gateway.access.keys import KeyStore
 
-    async def create() -> str:
+    async def create() -> list[str]:
         redis = Redis.from_url(redis_url)
         store = KeyStore(redis, "default")
-        if await store.get_org("bench") is None:
-            await store.create_org("bench", plan=plan)
-        token, _ = await store.create_key("bench", plan=plan)
+        tokens = []
+        for tenant in range(tenants):
+            org = f"bench-{tenant}"
+            if await store.get_org(org) is None:
+                await store.create_org(org, plan=plan)
+            tokens.append((await store.create_key(org, plan=plan))[0])
         await redis.aclose()  # type: ignore[attr-defined]
-        return token
+        return tokens
 
     return asyncio.run(create())
+
+
+def varied_bodies(stream: bool, seed: int = 0) -> list[dict[str, Any]]:
+    """VARIED_BODIES chat requests of varied shapes (the same ones in every run)."""
+    rng = random.Random(seed)
+
+    def log_uniform(low: int, high: int) -> int:
+        return int(math.exp(rng.uniform(math.log(low), math.log(high))))
+
+    bodies = []
+    for _ in range(VARIED_BODIES):
+        words = " ".join(rng.choice(WORDS) for _ in range(log_uniform(5, 1500)))
+        body: dict[str, Any] = {
+            "model": "composer-2.5",
+            "messages": [{"role": "user", "content": words}],
+            "max_tokens": log_uniform(4, 4096),
+            "n": rng.randint(1, 2),
+        }
+        bodies.append({**body, "stream": True} if stream else body)
+    return bodies
+
+
+def one_shape(stream: bool) -> list[dict[str, Any]]:
+    return [{**CHAT_BODY, "stream": True} if stream else CHAT_BODY]
 
 
 def write_price_book(directory: Path) -> Path:
@@ -411,56 +457,6 @@ def start_gateway(
     return process
 
 
-def start_litellm(
-    executable: str, port: int, upstream_port: int, directory: Path
-) -> subprocess.Popen[bytes]:
-    """LiteLLM's proxy in front of the same upstream: no database, one worker, a master key."""
-    import yaml
-
-    config = {
-        "model_list": [
-            {
-                "model_name": "composer-2.5",
-                "litellm_params": {
-                    "model": "openai/composer-2.5",
-                    "api_base": f"http://127.0.0.1:{upstream_port}/v1",
-                    "api_key": "sk-upstream",
-                },
-            }
-        ],
-        "general_settings": {"master_key": LITELLM_KEY},
-    }
-    path = directory / "litellm.yaml"
-    path.write_text(yaml.safe_dump(config))
-    env = {
-        # No network here: the packaged model price map, not a download at start.
-        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-        "LITELLM_LOG": "ERROR",
-        "LITELLM_TELEMETRY": "False",
-        # No database (its DATABASE_URL unset): keys other than the master key need one.
-        "DATABASE_URL": None,
-    }
-    command = [executable, "--config", str(path), "--host", "127.0.0.1", "--port", str(port)]
-    process = start_process([*command, "--num_workers", "1"], env, directory / "litellm.log")
-    wait_http(f"http://127.0.0.1:{port}/health/liveliness", process, timeout_s=300)
-    return process
-
-
-def start_vllm_router(
-    executable: str, port: int, upstream_port: int, directory: Path
-) -> subprocess.Popen[bytes]:
-    """vLLM's router in front of the same upstream: round robin, no key, no metering."""
-    command = [
-        executable,
-        *("--host", "127.0.0.1", "--port", str(port)),
-        *("--worker-urls", f"http://127.0.0.1:{upstream_port}"),
-        *("--policy", "round_robin", "--log-level", "error"),
-    ]
-    process = start_process(command, {}, directory / "vllm-router.log")
-    wait_http(f"http://127.0.0.1:{port}/health", process, timeout_s=120)
-    return process
-
-
 # --- measuring ----------------------------------------------------------------------------
 
 
@@ -476,11 +472,11 @@ class Measured:
     redis_us: float
 
 
-async def measure(target: Target, body: dict[str, Any], concurrency: int, seconds: float,
-                  rate: float | None) -> Measured:  # fmt: skip
-    request = build_request(target.port, target.path, body, target.key)
+async def measure(target: Target, bodies: list[dict[str, Any]], concurrency: int,
+                  seconds: float, rate: float | None) -> Measured:  # fmt: skip
+    requests = target.requests(bodies)
     before, redis_before = target.cpu_seconds(), target.cpu_seconds(redis=True)
-    sample = await run_load(target.port, request, concurrency, seconds, rate)
+    sample = await run_load(target.port, requests, concurrency, seconds, rate)
     count = max(1, len(sample.latency))
     cpu = (target.cpu_seconds() - before) / count * 1e6
     return Measured(sample, cpu, (target.cpu_seconds(redis=True) - redis_before) / count * 1e6)
@@ -497,29 +493,34 @@ async def set_upstream_delay(upstream_port: int, delay_ms: float) -> None:
     writer.close()
 
 
-async def warm(targets: list[Target], body: dict[str, Any]) -> None:
+async def warm(targets: list[Target], bodies: list[dict[str, Any]]) -> None:
     for target in targets:
-        await measure(target, body, 8, 1.0, None)
+        await measure(target, bodies, 8, 1.0, None)
 
 
 async def throughput(
     args: argparse.Namespace, targets: list[Target], upstream_port: int
 ) -> dict[str, float]:
-    """Part 1; returns each target's best non-streaming req/s (part 2 skips the slow ones)."""
+    """Part 1, varied shapes first (the headline), then one repeated shape; returns each
+    target's best non-streaming req/s on the one shape (part 2 sends that shape)."""
     await set_upstream_delay(upstream_port, 0)
     best: dict[str, float] = {}
-    for streaming in (False, True):
-        body = {**CHAT_BODY, "stream": True} if streaming else CHAT_BODY
-        await warm(targets, body)
+    for (shapes, make), streaming in itertools.product(
+        (("varied shapes", varied_bodies), ("one shape", one_shape)), (False, True)
+    ):
+        bodies = make(streaming)
+        await warm(targets, bodies)
         runs: dict[str, list[Measured]] = {t.name: [] for t in targets}
         for _ in range(args.rounds):
             for target in targets:
                 runs[target.name].append(
-                    await measure(target, body, args.clients, args.seconds, None)
+                    await measure(target, bodies, args.clients, args.seconds, None)
                 )
         kind = "streams (whole stream)" if streaming else "non-streaming"
+        tenants = f"{args.tenants} orgs' keys in turn" if shapes == "varied shapes" else "one key"
         print(
-            f"\n1. throughput, {kind}: closed loop, {args.clients} clients, upstream answering "
+            f"\n1. throughput, {shapes}, {kind}, {tenants}: closed loop, {args.clients} clients, "
+            "upstream answering "
             f"at once, {args.rounds} x {args.seconds:g} s per target (load avg at the end "
             f"{os.getloadavg()[0]:.1f})"
         )
@@ -534,7 +535,7 @@ async def throughput(
             measured = runs[target.name]
             rates = [m.sample.throughput for m in measured]
             top = max(rates)
-            if not streaming:
+            if not streaming and shapes == "one shape":
                 best[target.name] = top
             spread = f"{min(rates):.0f}-{top:.0f}" if len(rates) > 1 else f"{top:.0f}"
             p50 = per_round([percentile(m.sample.latency, 0.5) * 1000 for m in measured], "")
@@ -579,8 +580,8 @@ async def added_latency(
                 f"part 1, under the rate)"
             )
     for streaming in (False, True):
-        body = {**CHAT_BODY, "stream": True} if streaming else CHAT_BODY
-        await warm(fast_enough, body)
+        bodies = one_shape(streaming)
+        await warm(fast_enough, bodies)
         kind = "streams" if streaming else "non-streaming"
         print(
             f"\n2. added latency, {kind}: paced at {args.rate:g} req/s for {args.seconds:g} s, "
@@ -593,7 +594,7 @@ async def added_latency(
         )
         print("| --- | --- | --- | --- | --- | --- |")
         results = {
-            t.name: await measure(t, body, args.concurrency, args.seconds, args.rate)
+            t.name: await measure(t, bodies, args.concurrency, args.seconds, args.rate)
             for t in fast_enough
         }
         direct = results["direct"].sample
@@ -620,15 +621,15 @@ async def added_latency(
 async def vllm_ttft(args: argparse.Namespace, gateway: Target) -> None:
     from urllib.parse import urlparse
 
-    vllm = Target("vLLM direct", urlparse(args.vllm_url).port or 80, None)
-    body = {**CHAT_BODY, "stream": True, "max_tokens": 4}
-    await warm([vllm, gateway], body)
+    vllm = Target("vLLM direct", urlparse(args.vllm_url).port or 80, [])
+    bodies = [{**CHAT_BODY, "stream": True, "max_tokens": 4}]
+    await warm([vllm, gateway], bodies)
     print(
         f"\nreal vLLM ({args.vllm_url}), streams of 4 tokens, concurrency 2, "
         f"{args.vllm_seconds:g} s each (first token p50 / p99 ms, whole stream p50 / p99 ms)"
     )
     for target in (vllm, gateway):
-        s = (await measure(target, body, 2, args.vllm_seconds, None)).sample
+        s = (await measure(target, bodies, 2, args.vllm_seconds, None)).sample
         print(
             f"  {target.name}: {ms(percentile(s.first_event, 0.5))} / "
             f"{ms(percentile(s.first_event, 0.99))}, {ms(percentile(s.latency, 0.5))} / "
@@ -656,6 +657,10 @@ def main() -> None:
     )
     parser.add_argument("--litellm", default="", help="LiteLLM's `litellm` executable")
     parser.add_argument("--vllm-router", default="", help="vLLM's `vllm-router` executable")
+    parser.add_argument(
+        "--tensorzero", default="", help="the Python of a venv with tensorzero==2026.6.0"
+    )
+    parser.add_argument("--tenants", type=int, default=4, help="orgs sending varied shapes")
     parser.add_argument(
         "--baseline-tree",
         default="",
@@ -723,21 +728,21 @@ def main() -> None:
             configurations.append(
                 (f"gateway, billing on, build at {baseline.name}", billed, 1, baseline)
             )
-        key = make_key(redis_url, "bench")
-        targets = [Target("direct", upstream_port, None)]
+        keys = make_keys(redis_url, "bench", args.tenants)
+        targets = [Target("direct", upstream_port, [])]
         one_worker: list[int] = []  # the processes of the one-worker gateways
         for name, env, workers, tree in configurations:
             port = free_port()
             processes.append(start_gateway(port, env, workers, work / "gateway.log", tree))
             redis_pids = [valkey._process.pid] if env is billed else []
-            targets.append(Target(name, port, key, [processes[-1].pid], redis_pids))
+            targets.append(Target(name, port, keys, [processes[-1].pid], redis_pids))
             if workers == 1:
                 one_worker.append(processes[-1].pid)
         if litellm:
             port = free_port()
             processes.append(start_litellm(litellm, port, upstream_port, work))
             targets.append(
-                Target("LiteLLM 1.100.0 proxy, 1 worker, no database", port, LITELLM_KEY,
+                Target("LiteLLM 1.100.0 proxy, 1 worker, no database", port, [LITELLM_KEY],
                        [processes[-1].pid])
             )  # fmt: skip
             one_worker.append(processes[-1].pid)
@@ -747,10 +752,19 @@ def main() -> None:
             port = free_port()
             processes.append(start_vllm_router(args.vllm_router, port, upstream_port, work))
             targets.append(
-                Target("vllm-router 0.1.17, round robin, no auth or metering", port, None,
+                Target("vllm-router 0.1.17, round robin, no auth or metering", port, [],
                        [processes[-1].pid])
             )  # fmt: skip
             one_worker.append(processes[-1].pid)
+        if args.tensorzero:
+            process, port = start_tensorzero(args.tensorzero, upstream_port, work)
+            processes.append(process)
+            targets.append(
+                Target("TensorZero 2026.6.0, no auth, metering or observability", port, [],
+                       [process.pid], path=TENSORZERO_PATH, model=TENSORZERO_MODEL,
+                       single_choice=True)
+            )  # fmt: skip
+            one_worker.append(process.pid)
         if args.pin:
             cpus = sorted(os.sched_getaffinity(0))
             pin(one_worker, set(cpus[:1]))
@@ -769,7 +783,7 @@ def main() -> None:
             # A real engine: admission on, as production runs it.
             env = {**billed, "CSTACK_UPSTREAM_URL": args.vllm_url, "CSTACK_ENGINE_ADMISSION": None}
             processes.append(start_gateway(port, env, 1, work / "gateway.log"))
-            run_event_loop(vllm_ttft(args, Target(HEADLINE, port, key, [processes[-1].pid])))
+            run_event_loop(vllm_ttft(args, Target(HEADLINE, port, keys, [processes[-1].pid])))
         print(f"\nload avg at the end {os.getloadavg()[0]:.1f}")
     finally:
         for process in processes:
