@@ -174,10 +174,15 @@ def chromium() -> webdriver.Chrome:
 def navigate(driver: Any, element: Any) -> None:
     """Click ``element`` (a link or a form's button) and wait until the next page has
     replaced this one: a find right after a click could read the old page."""
+    from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.ui import WebDriverWait
 
     page = driver.find_element(By.TAG_NAME, "html")
     element.click()
-    WebDriverWait(driver, 30).until(expected_conditions.staleness_of(page))
+    # Asked about the old page mid-navigation, chromedriver can answer "unhandled inspector
+    # error" instead of "stale element" (seen in a CI run): ask again.
+    WebDriverWait(driver, 30, ignored_exceptions=(WebDriverException,)).until(
+        expected_conditions.staleness_of(page)
+    )
