@@ -1,9 +1,9 @@
 """What the gateway costs: the same load straight to an upstream, through `cstack gateway` as
-production runs it, and through LiteLLM's proxy, all in one run.
+production runs it, and through the peers (vLLM's router, TensorZero, LiteLLM), in one run.
 
-One run starts a fast OpenAI-speaking upstream (its own process: a raw asyncio HTTP server
-answering canned completions and SSE streams), an embedded Valkey (the product's default
-Redis, with its password) and, in front of that one upstream, side by side:
+One run starts a fast OpenAI-speaking upstream (`bench/stand_in_upstream.py`, its own
+process answering canned completions and SSE streams), an embedded Valkey (the product's
+default Redis, with its password) and, in front of that one upstream, side by side:
 
 - `cstack gateway` as production runs it: billing on (the real meter: admission and rate
   limits in Redis, usage events into the Redis stream that the billing worker writes to the
@@ -82,7 +82,7 @@ import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from peers import (
     LITELLM_KEY,
@@ -94,14 +94,15 @@ from peers import (
     start_vllm_router,
     wait_http,
 )
+from stand_in_upstream import set_upstream_delay
 
 ROOT = Path(__file__).resolve().parents[1]
+STAND_IN_UPSTREAM = Path(__file__).with_name("stand_in_upstream.py")
 CHAT_BODY = {
     "model": "composer-2.5",
     "messages": [{"role": "user", "content": "hi"}],
     "max_tokens": 8,
 }
-STREAM_EVENTS = 8
 #: Varied traffic: this many bodies, each its own prompt size (5-1,500 words), max_tokens
 #: (4-4,096), both log-uniform, and n (1 or 2), sent in turn by keys of --tenants orgs.
 VARIED_BODIES = 512
@@ -127,104 +128,6 @@ BENCH_PLAN = {
     "rpm": 1_000_000_000,
     "tpm": 1_000_000_000_000,
 }
-
-
-# --- the fast upstream (runs in its own process: --serve-upstream PORT) -------------------
-
-
-def canned_responses() -> tuple[bytes, bytes]:
-    usage = {
-        "prompt_tokens": 9,
-        "completion_tokens": STREAM_EVENTS,
-        "total_tokens": 9 + STREAM_EVENTS,
-    }
-    completion = {
-        "id": "chatcmpl-bench", "object": "chat.completion", "created": 1, "model": "composer-2.5",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello " * 8},
-                     "finish_reason": "length"}],
-        "usage": usage,
-    }  # fmt: skip
-    body = json.dumps(completion, separators=(",", ":")).encode()
-    plain = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (
-        len(body),
-        body,
-    )
-    stream = (
-        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-    )
-    for index in range(STREAM_EVENTS):
-        chunk = {
-            "id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1,
-            "model": "composer-2.5",
-            "choices": [{"index": 0, "delta": {"content": "hello "}, "finish_reason": None}],
-            "usage": {"prompt_tokens": 9, "completion_tokens": index + 1,
-                      "total_tokens": 10 + index},
-        }  # fmt: skip
-        event = b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
-        stream += b"%x\r\n%s\r\n" % (len(event), event)
-    done = b"data: [DONE]\n\n"
-    stream += b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done)
-    return plain, stream
-
-
-class UpstreamProtocol(asyncio.Protocol):
-    """Answers after ``delay_s`` (a stand-in for generation time); streams arrive in two
-    bursts, half the events at ``delay_s / 2``, so relaying is interleaved with waiting.
-    ``POST /bench/delay`` with a body of milliseconds sets ``delay_s`` (the benchmark's
-    control, sent straight to it)."""
-
-    PLAIN, STREAM = canned_responses()
-    HEALTH = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"
-    delay_s = 0.0
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-        self.buffer = b""
-        self.loop = asyncio.get_running_loop()
-
-    def write(self, data: bytes) -> None:
-        if not self.transport.is_closing():
-            self.transport.write(data)
-
-    def answer(self, data: bytes) -> None:
-        if self.delay_s:
-            self.loop.call_later(self.delay_s, self.write, data)
-        else:
-            self.write(data)
-
-    def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        while (head_end := self.buffer.find(b"\r\n\r\n")) >= 0:
-            head = self.buffer[:head_end].lower()
-            length = 0
-            if (at := head.find(b"content-length:")) >= 0:
-                end = head.find(b"\r\n", at)
-                length = int(head[at + 15 : end if end >= 0 else None])
-            if len(self.buffer) < head_end + 4 + length:
-                return
-            body = self.buffer[head_end + 4 : head_end + 4 + length]
-            self.buffer = self.buffer[head_end + 4 + length :]
-            if head.startswith(b"get /health"):
-                self.write(self.HEALTH)
-            elif head.startswith(b"post /bench/delay"):
-                UpstreamProtocol.delay_s = float(body) / 1000
-                self.write(self.HEALTH)
-            # The gateway writes compact JSON, the openai SDK (LiteLLM) JSON with spaces.
-            elif b'"stream":true' in body or b'"stream": true' in body:
-                half = len(self.STREAM) // 2
-                if self.delay_s:
-                    self.loop.call_later(self.delay_s / 2, self.write, self.STREAM[:half])
-                    self.loop.call_later(self.delay_s, self.write, self.STREAM[half:])
-                else:
-                    self.write(self.STREAM)
-            else:
-                self.answer(self.PLAIN)
-
-
-async def serve_upstream(port: int) -> None:
-    server = await asyncio.get_running_loop().create_server(UpstreamProtocol, "127.0.0.1", port)
-    print("ready", flush=True)
-    await server.serve_forever()
 
 
 # --- the load generator -----------------------------------------------------------------
@@ -482,17 +385,6 @@ async def measure(target: Target, bodies: list[dict[str, Any]], concurrency: int
     return Measured(sample, cpu, (target.cpu_seconds(redis=True) - redis_before) / count * 1e6)
 
 
-async def set_upstream_delay(upstream_port: int, delay_ms: float) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", upstream_port)
-    payload = str(delay_ms).encode()
-    writer.write(
-        b"POST /bench/delay HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s"
-        % (len(payload), payload)
-    )
-    await reader.readuntil(b"\r\n\r\n")
-    writer.close()
-
-
 async def warm(targets: list[Target], bodies: list[dict[str, Any]]) -> None:
     for target in targets:
         await measure(target, bodies, 8, 1.0, None)
@@ -680,11 +572,7 @@ def main() -> None:
         action="store_true",
         help="one-worker gateways on one CPU, the rest on the others (as in a pod)",
     )
-    parser.add_argument("--serve-upstream", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.serve_upstream:
-        run_event_loop(serve_upstream(args.serve_upstream))
-        return
     litellm = shutil.which(args.litellm) if args.litellm else None
     if args.litellm and litellm is None:
         parser.error(f"--litellm {args.litellm}: no such executable")
@@ -704,7 +592,7 @@ def main() -> None:
     try:
         redis_url = str(valkey.connection_url)
         upstream_port = free_port()
-        upstream = [sys.executable, __file__, "--serve-upstream", str(upstream_port)]
+        upstream = [sys.executable, str(STAND_IN_UPSTREAM), str(upstream_port)]
         processes.append(start_process(upstream))
         wait_http(f"http://127.0.0.1:{upstream_port}/health", processes[-1])
         billed = {
