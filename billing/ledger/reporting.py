@@ -66,8 +66,10 @@ class UsageReader(Protocol):
         raises ``UsageUnavailable`` when it cannot be read."""
         ...
 
-    async def key_activity(self, org_id: str, period: str) -> dict[str, dict[str, Any]]:
-        """Per key of ``org_id`` that has made a request: ``last_used_at`` (an ISO 8601
+    async def key_activity(
+        self, org_id: str, period: str, key_ids: list[str]
+    ) -> dict[str, dict[str, Any]]:
+        """Per key of ``key_ids`` (``org_id``'s) that has made a request: ``last_used_at`` (an ISO 8601
         instant), and ``requests`` and ``list_cost`` (and ``list_cost_nano_usd``) in
         ``period`` (``YYYY-MM``)."""
         ...
@@ -117,7 +119,9 @@ class UnmeteredUsageReader:
     ) -> dict[str, Any]:
         return {"object": "usage", "org_id": org_id, "data": [], "metered": False}
 
-    async def key_activity(self, org_id: str, period: str) -> dict[str, dict[str, Any]]:
+    async def key_activity(
+        self, org_id: str, period: str, key_ids: list[str]
+    ) -> dict[str, dict[str, Any]]:
         return {}
 
     async def receipts(self, org_id: str, query: ReceiptQuery) -> dict[str, Any]:

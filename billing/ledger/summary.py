@@ -161,7 +161,11 @@ def usage_summary(
                 func.sum(UsageAdjustment.list_cost_delta_nano_usd).label("amount"),
             )
             .select_from(UsageAdjustment)
-            .outerjoin(UsageRow, UsageRow.event_id == UsageAdjustment.event_id)
+            .outerjoin(
+                UsageRow,
+                (UsageRow.event_id == UsageAdjustment.event_id)
+                & (UsageRow.org_id == UsageAdjustment.org_id),
+            )
             .where(UsageAdjustment.org_id == org_id)
             .where(UsageAdjustment.effective_at >= lower, UsageAdjustment.effective_at < upper)
             .group_by(adjustment_day, UsageAdjustment.tier, adjusted_model)
@@ -190,30 +194,42 @@ def usage_summary(
     }
 
 
-def key_activity(engine: Engine, org_id: str, period: str) -> dict[str, dict[str, Any]]:
-    """Per key of ``org_id`` that has made a request: when it last did, and its requests
-    and list cost in ``period`` (``YYYY-MM``). A key with no request is absent."""
+def key_activity(
+    engine: Engine, org_id: str, period: str, key_ids: list[str]
+) -> dict[str, dict[str, Any]]:
+    """Per key of ``key_ids`` (``org_id``'s) that has made a request: when it last did, and
+    its requests and list cost in ``period`` (``YYYY-MM``). A key with no request is absent.
+
+    Bounded reads whatever the org's history: the month's rows (by org and start), and
+    one index lookup per key for its last request."""
     month_lower, month_upper = period_bounds(period)
-    in_month = (UsageRow.started_at >= month_lower) & (UsageRow.started_at < month_upper)
-    query = (
+    month = (
         select(
             UsageRow.key_id,
-            func.max(UsageRow.started_at).label("last_used_at"),
-            func.count().filter(in_month).label("requests"),
-            func.coalesce(func.sum(UsageRow.list_cost_nano_usd).filter(in_month), 0).label(
-                "list_cost"
-            ),
+            func.count().label("requests"),
+            func.sum(UsageRow.list_cost_nano_usd).label("list_cost"),
         )
         .where(UsageRow.org_id == org_id)
+        .where(UsageRow.started_at >= month_lower, UsageRow.started_at < month_upper)
         .group_by(UsageRow.key_id)
     )
+    activity: dict[str, dict[str, Any]] = {}
     with engine.connect() as connection:
-        return {
-            row.key_id: {
-                "last_used_at": row.last_used_at.isoformat(),
-                "requests": int(row.requests),
-                "list_cost_nano_usd": int(row.list_cost),
-                "list_cost": format_nano_usd(int(row.list_cost)),
+        in_month = {row.key_id: row for row in connection.execute(month)}
+        for key_id in key_ids:
+            last = connection.execute(
+                select(func.max(UsageRow.started_at)).where(
+                    UsageRow.org_id == org_id, UsageRow.key_id == key_id
+                )
+            ).scalar()
+            if last is None:
+                continue
+            row = in_month.get(key_id)
+            cost = int(row.list_cost or 0) if row else 0
+            activity[key_id] = {
+                "last_used_at": last.isoformat(),
+                "requests": int(row.requests) if row else 0,
+                "list_cost_nano_usd": cost,
+                "list_cost": format_nano_usd(cost),
             }
-            for row in connection.execute(query)
-        }
+    return activity

@@ -59,9 +59,11 @@ class LedgerUsageReader:
             lambda book: usage_summary(self._engine, book, org_id, start, end, by_model=by_model),
         )
 
-    async def key_activity(self, org_id: str, period: str) -> dict[str, dict[str, Any]]:
+    async def key_activity(
+        self, org_id: str, period: str, key_ids: list[str]
+    ) -> dict[str, dict[str, Any]]:
         return await asyncio.to_thread(
-            self._read, lambda _book: key_activity(self._engine, org_id, period)
+            self._read, lambda _book: key_activity(self._engine, org_id, period, key_ids)
         )
 
     async def receipts(self, org_id: str, query: ReceiptQuery) -> dict[str, Any]:

@@ -232,7 +232,9 @@ def add_customer_routes(app: Starlette, access: Access) -> None:
             page="keys",
             keys=keys,
             month=this_month(),
-            activity=await usage.key_activity(viewer.org.org_id, this_month()),
+            activity=await usage.key_activity(
+                viewer.org.org_id, this_month(), [key.key_id for key in keys]
+            ),
             plan=viewer.account["plan"],
             current_key=viewer.session.key_id,
         )

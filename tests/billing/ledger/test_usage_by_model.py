@@ -33,9 +33,11 @@ def test_usage_by_model_adds_up_to_usage_by_tier(
                 ledger_event("c", at=DAY_ONE, model="composer-2.5-fast", key_id="key-2"),
                 ledger_event("d", at=DAY_TWO, tier="standard", model="composer-2.5-standard"),
                 ledger_event("e", at=LAST_MONTH, key_id="key-3"),
+                ledger_event("f", at=DAY_ONE, org_id="org-other", model="other-org-model"),
             ],
         )
-        for adjustment_id, event_id in (("adj-b", "b"), ("adj-none", None)):
+        # An adjustment naming another org's request shows nothing of that request.
+        for adjustment_id, event_id in (("adj-b", "b"), ("adj-none", None), ("adj-f", "f")):
             add_adjustment(
                 connection,
                 adjustment_id=adjustment_id,
@@ -56,11 +58,11 @@ def test_usage_by_model_adds_up_to_usage_by_tier(
     assert {key: (r["requests"], r["list_cost_nano_usd"]) for key, r in rows.items()} == {
         ("2026-11-03", "fast", "composer-2.5"): (1, one_fast),
         ("2026-11-03", "fast", "composer-2.5-fast"): (2, 2 * one_fast),
-        ("2026-11-03", "fast", NO_MODEL): (0, 0),  # the adjustment naming no request
+        ("2026-11-03", "fast", NO_MODEL): (0, 0),  # the adjustments naming no request of its
         ("2026-11-04", "standard", "composer-2.5-standard"): (1, one_standard),
     }
     assert rows[("2026-11-03", "fast", "composer-2.5-fast")]["adjustments_nano_usd"] == -1_000
-    assert rows[("2026-11-03", "fast", NO_MODEL)]["adjustments_nano_usd"] == -1_000
+    assert rows[("2026-11-03", "fast", NO_MODEL)]["adjustments_nano_usd"] == -2_000
     assert by_model["totals"] == by_tier["totals"]
     for tier_row in by_tier["data"]:
         parts = [
@@ -72,7 +74,9 @@ def test_usage_by_model_adds_up_to_usage_by_tier(
             assert sum(part[field] for part in parts) == tier_row[field]
     assert all("model" not in row for row in by_tier["data"])
 
-    activity = key_activity(ledger, "org-ledger", "2026-11")
+    keys = ["key-1", "key-2", "key-3", "key-never-used"]
+    activity = key_activity(ledger, "org-ledger", "2026-11", keys)
+    assert set(activity) == {"key-1", "key-2", "key-3"}
     assert activity["key-1"]["last_used_at"] == DAY_TWO.isoformat()
     assert (activity["key-1"]["requests"], activity["key-1"]["list_cost_nano_usd"]) == (
         2,
@@ -86,4 +90,4 @@ def test_usage_by_model_adds_up_to_usage_by_tier(
         "list_cost_nano_usd": 0,
         "list_cost": "$0.000000000",
     }
-    assert key_activity(ledger, "org-other", "2026-11") == {}
+    assert key_activity(ledger, "org-other", "2026-11", ["key-2"]) == {}

@@ -91,13 +91,17 @@ def test_a_stream_of_several_choices_cut_short_bills_every_choice(
     assert 60 <= usage.completion_tokens < 3 * 1500
 
 
+#: A gateway, its SDK client, its meter and the stalling forwarder in front of vLLM.
+Stalling = tuple[GatewayServer, openai.OpenAI, RecordingMeter, Forwarder]
+
+
 @pytest.fixture
 def stalling(
     start_gateway: Callable[..., GatewayServer],
     forwarders: Callable[..., Forwarder],
     vllm_url: str,
     api_key: str,
-) -> tuple[GatewayServer, openai.OpenAI, RecordingMeter]:
+) -> Stalling:
     """A gateway ending requests at MAX_DURATION_S, its SDK client and its meter, in front
     of an upstream that stalls after its first events (a hung engine that keeps the
     connection), once vLLM is idle.
@@ -113,7 +117,7 @@ def stalling(
     )
     client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=api_key, max_retries=0)
     wait_until(lambda: vllm_idle(vllm_url), "vLLM to finish earlier tests' requests")
-    return gateway, client, meter
+    return gateway, client, meter, stalled
 
 
 def vllm_idle(vllm_url: str) -> bool:
@@ -121,7 +125,7 @@ def vllm_idle(vllm_url: str) -> bool:
 
 
 def test_a_request_at_its_maximum_duration_ends_and_pays_what_was_generated(
-    stalling: tuple[GatewayServer, openai.OpenAI, RecordingMeter], vllm_url: str, api_key: str
+    stalling: Stalling, vllm_url: str, api_key: str
 ) -> None:
     """The upstream stalls: the gateway ends the request at CSTACK_MAX_REQUEST_DURATION_S,
     streaming or not, and bills the tokens that came before the stall.
@@ -129,10 +133,12 @@ def test_a_request_at_its_maximum_duration_ends_and_pays_what_was_generated(
     What came before the deadline is vLLM's timing, not the gateway's: on a loaded 2-core
     machine vLLM's HTTP process has been seen to stop for seconds while its engine runs,
     and a request whose first token reached the gateway after the deadline rightly paid 0.
-    So the checks hold whatever reached the gateway: the stream bills at least a token for
-    each content chunk the client received, and neither request bills more than vLLM
-    generated."""
-    gateway, client, meter = stalling
+    So what must be billed is read from the forwarder: a request whose stream it stalled
+    had its first ~15 events reach the gateway before the deadline (a connection the
+    gateway had dropped could not take them), so it pays for some tokens; and the stream
+    pays at least a token for each content chunk the client received. Neither request pays
+    more than vLLM generated."""
+    gateway, client, meter, stalled = stalling
     generated_before = vllm_metric(vllm_url, "vllm:generation_tokens_total")
     stream = client.chat.completions.create(
         model="composer-2.5",
@@ -146,6 +152,7 @@ def test_a_request_at_its_maximum_duration_ends_and_pays_what_was_generated(
         for chunk in stream:
             content_chunks += any(choice.delta.content for choice in chunk.choices)
     assert ended.value.code == "max_duration_exceeded"
+    first_stalled = stalled.reports("stalled") == 1
 
     wait_until(lambda: vllm_idle(vllm_url), "vLLM to abort the stalled stream")
     response = httpx.post(
@@ -158,10 +165,13 @@ def test_a_request_at_its_maximum_duration_ends_and_pays_what_was_generated(
     assert response.headers["x-should-retry"] == "false"  # the same request would end alike
     assert response.json()["error"]["code"] == "max_duration_exceeded"
     assert response.json()["error"]["type"] == "server_error"
+    second_stalled = stalled.reports("stalled") == 1 + first_stalled
 
     streamed, whole = meter.wait_settled(2)
     assert [streamed.outcome, whole.outcome] == ["max_duration", "max_duration"]
     assert content_chunks <= streamed.completion_tokens < 1500
+    assert streamed.completion_tokens > 0 or not first_stalled
+    assert whole.completion_tokens > 0 or not second_stalled
     wait_until(lambda: vllm_idle(vllm_url), "vLLM to abort the second request")
     generated = vllm_metric(vllm_url, "vllm:generation_tokens_total") - generated_before
     assert whole.completion_tokens < 1500
@@ -170,11 +180,11 @@ def test_a_request_at_its_maximum_duration_ends_and_pays_what_was_generated(
 
 
 def test_a_responses_stream_at_its_maximum_duration_fails_and_pays_what_was_generated(
-    stalling: tuple[GatewayServer, openai.OpenAI, RecordingMeter],
+    stalling: Stalling,
 ) -> None:
     """The Responses API's stream ends as OpenAI's fail: ``response.failed``, its Response
     carrying the error and the usage billed until the stall."""
-    _, client, meter = stalling
+    _, client, meter, _ = stalling
     # Greedy: the tiny model's answer to this prompt runs past the forwarder's stall (a
     # sampled one could end at the end-of-text token first; responses have no ignore_eos).
     with client.responses.stream(

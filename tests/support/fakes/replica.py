@@ -45,28 +45,41 @@ class Forwarder:
         )
         assert self.process.stdout is not None
         assert self.process.stdout.readline().strip() == "ready"
+        # What it reports ("stalled", "hung up"), read as it comes: a test waits for the
+        # next report of a kind, or counts those so far.
+        self._reports: list[str] = []
+        self._waited: dict[str, int] = {}
+        self._reported = threading.Condition()
+        threading.Thread(target=self._read_reports, daemon=True).start()
 
-    def wait_stalled(self) -> None:
-        """Until a forwarder made with ``stall_after`` has relayed its bytes and stalled."""
+    def _read_reports(self) -> None:
         assert self.process.stdout is not None
-        while (line := self.process.stdout.readline()) and line.strip() != "stalled":
-            pass
-        assert line, "the forwarder ended before it stalled"
+        for line in self.process.stdout:
+            with self._reported:
+                self._reports.append(line.strip())
+                self._reported.notify_all()
+
+    def reports(self, kind: str) -> int:
+        """How many ``kind`` reports it has made so far."""
+        with self._reported:
+            return self._reports.count(kind)
+
+    def _wait_next(self, kind: str, timeout_s: float) -> bool:
+        with self._reported:
+            wanted = self._waited.get(kind, 0) + 1
+            self._waited[kind] = wanted
+            return self._reported.wait_for(lambda: self._reports.count(kind) >= wanted, timeout_s)
+
+    def wait_stalled(self, timeout_s: float = 60) -> None:
+        """Until a forwarder made with ``stall_after`` has relayed a stream's bytes and
+        stalled it (the next stream each call)."""
+        assert self._wait_next("stalled", timeout_s), f"no stream stalled within {timeout_s} s"
 
     def wait_hung_up(self, timeout_s: float = 30) -> None:
         """Until the client of a stalled stream has closed its connection."""
-        assert self.process.stdout is not None
-        lines = self.process.stdout
-        hung_up = threading.Event()
-
-        def read() -> None:
-            while line := lines.readline():
-                if line.strip() == "hung up":
-                    hung_up.set()
-                    return
-
-        threading.Thread(target=read, daemon=True).start()
-        assert hung_up.wait(timeout_s), f"the client kept its stalled stream for {timeout_s} s"
+        assert self._wait_next("hung up", timeout_s), (
+            f"the client kept its stalled stream for {timeout_s} s"
+        )
 
     def unread_by_clients(self) -> int:
         """Bytes this forwarder sent that its clients' processes have not read yet: the
