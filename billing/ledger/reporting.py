@@ -69,9 +69,9 @@ class UsageReader(Protocol):
     async def key_activity(
         self, org_id: str, period: str, key_ids: list[str]
     ) -> dict[str, dict[str, Any]]:
-        """Per key of ``key_ids`` (``org_id``'s) that has made a request: ``last_used_at`` (an ISO 8601
-        instant), and ``requests`` and ``list_cost`` (and ``list_cost_nano_usd``) in
-        ``period`` (``YYYY-MM``)."""
+        """Per key of ``key_ids`` (``org_id``'s) that has made a request: ``last_used_at``
+        (an ISO 8601 instant), and ``requests`` and ``list_cost`` (and
+        ``list_cost_nano_usd``) in ``period`` (``YYYY-MM``)."""
         ...
 
     async def receipts(self, org_id: str, query: ReceiptQuery) -> dict[str, Any]:
