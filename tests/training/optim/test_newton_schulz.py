@@ -73,7 +73,11 @@ def test_gram_equals_standard_in_float32(shape: tuple[int, int]) -> None:
     assert uses_gram(*shape, config)
     x = _gradient_like(*shape)
     standard = orthogonalize(x, dataclasses.replace(config, method="standard"))
-    assert _relative_error(orthogonalize(x, config), standard) < 2e-5
+    # Gram iterates on X X^T, whose float32 rounding is relative to |X|^2: a few times the
+    # standard iteration's error against the float64 reference (1.6e-5 to 2.4e-5 on one
+    # machine's AVX-512 MKL kernels, under 2e-5 on another's). Without its restart Gram is
+    # 1.8e-4 to 2.2e-4 from the standard iteration here, a step short about 0.6.
+    assert _relative_error(orthogonalize(x, config), standard) < 5e-5
 
 
 @pytest.mark.parametrize("shape", [(128, 128), (100, 140)])
