@@ -13,9 +13,11 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from urllib.parse import urlparse
 
 import pytest
+import pytest_asyncio
 from redis.asyncio import Redis
 
 from gateway.access.auth import Authenticator
@@ -72,16 +74,44 @@ class Forwarder:
             await self.server.wait_closed()
 
 
-@contextlib.asynccontextmanager
-async def partitioned(redis_url: str) -> AsyncIterator[tuple[Forwarder, str]]:
-    """A forwarder to ``redis_url`` (on the test's own event loop) and the URL through it."""
+@dataclass
+class Partition:
+    """A gateway's path to Redis that the test can cut, and an admin's that stays up."""
+
+    forwarder: Forwarder
+    #: The admin's own path to Redis, never cut.
+    admin: KeyStore
+    #: The gateway's, through the forwarder.
+    gateway: KeyStore
+
+
+@pytest_asyncio.fixture(loop_scope="function")  # the forwarder serves on the test's loop
+async def partition(redis_url: str) -> AsyncIterator[Partition]:
     target = urlparse(redis_url)
     forwarder = Forwarder(target.hostname or "127.0.0.1", target.port or 6379)
     port = await forwarder.start()
+    through = target._replace(netloc=f":{target.password}@127.0.0.1:{port}").geturl()
+    admin = Redis.from_url(redis_url)
+    gateway_redis = Redis.from_url(through, socket_timeout=0.5, socket_connect_timeout=0.5)
     try:
-        yield forwarder, target._replace(netloc=f":{target.password}@127.0.0.1:{port}").geturl()
+        yield Partition(forwarder, KeyStore(admin, "default"), KeyStore(gateway_redis, "default"))
     finally:
         await forwarder.aclose()
+        await gateway_redis.aclose()
+        await admin.aclose()
+
+
+@contextlib.asynccontextmanager
+async def authenticator(store: KeyStore, **grace: float) -> AsyncIterator[Authenticator]:
+    """The gateway's authenticator on ``store``, once its first poll has read the epoch
+    (and cleared the cache)."""
+    auth = Authenticator(store, cache_ttl_s=30.0, poll_s=POLL_S, staleness_s=STALENESS_S, **grace)
+    await auth.start()
+    try:
+        await asyncio.sleep(POLL_S * 3)
+        yield auth
+    finally:
+        await auth.aclose()
 
 
 async def _accepted(auth: Authenticator, token: str) -> bool:
@@ -94,42 +124,19 @@ async def _accepted(auth: Authenticator, token: str) -> bool:
 
 
 async def test_a_verified_key_survives_an_outage_for_the_grace_and_a_revocation_lands(
-    redis_url: str,
+    partition: Partition,
 ) -> None:
-    async with partitioned(redis_url) as (forwarder, through_forwarder):
-        await _test_a_verified_key_survives_an_outage_for_the_grace_and_a_revocation_lands(
-            redis_url, forwarder, through_forwarder
-        )
-
-
-async def _test_a_verified_key_survives_an_outage_for_the_grace_and_a_revocation_lands(
-    redis_url: str, forwarder: Forwarder, through_forwarder: str
-) -> None:
-    admin = Redis.from_url(redis_url)  # the admin's own path to Redis, never cut
-    gateway_redis = Redis.from_url(
-        through_forwarder, socket_timeout=0.5, socket_connect_timeout=0.5
-    )
-    admin_store = KeyStore(admin, "default")
     org = f"org-outage-{time.monotonic_ns()}"
-    await admin_store.create_org(org)
-    token, record = await admin_store.create_key(org)
-    never_seen, _ = await admin_store.create_key(org)
-    auth = Authenticator(
-        KeyStore(gateway_redis, "default"),
-        cache_ttl_s=30.0,
-        poll_s=POLL_S,
-        staleness_s=STALENESS_S,
-        outage_grace_s=GRACE_S,
-    )
-    await auth.start()
-    await asyncio.sleep(POLL_S * 3)  # the first poll reads the epoch (and clears the cache)
-    try:
+    await partition.admin.create_org(org)
+    token, record = await partition.admin.create_key(org)
+    never_seen, _ = await partition.admin.create_key(org)
+    async with authenticator(partition.gateway, outage_grace_s=GRACE_S) as auth:
         assert await _accepted(auth, token)
-        forwarder.sever()
+        partition.forwarder.sever()
         cut_at = time.monotonic()
         # A poll already on the wire may still read the epoch; the next ones cannot.
         await asyncio.sleep(POLL_S * 3)
-        await admin_store.revoke_key(record.key_id)  # during the outage
+        await partition.admin.revoke_key(record.key_id)  # during the outage
         # Within the grace, the key this replica verified keeps working; a key it never
         # verified cannot be vouched for.
         await asyncio.sleep(STALENESS_S)
@@ -142,51 +149,23 @@ async def _test_a_verified_key_survives_an_outage_for_the_grace_and_a_revocation
             await asyncio.sleep(0.05)
         assert not await _accepted(auth, token)
         # Redis answers again: the revocation applies within the normal bound.
-        forwarder.cut = False
+        partition.forwarder.cut = False
         back_at = time.monotonic()
         while await _accepted(auth, token):
             assert time.monotonic() - back_at < 1.0 + 1.0, "revocation not applied after Redis"
             await asyncio.sleep(0.05)
         assert await _accepted(auth, never_seen)
-    finally:
-        await auth.aclose()
-        await gateway_redis.aclose()
-        await admin.aclose()
 
 
-async def test_without_a_grace_an_outage_fails_closed(redis_url: str) -> None:
-    async with partitioned(redis_url) as (forwarder, through_forwarder):
-        await _test_without_a_grace_an_outage_fails_closed(redis_url, forwarder, through_forwarder)
-
-
-async def _test_without_a_grace_an_outage_fails_closed(
-    redis_url: str, forwarder: Forwarder, through_forwarder: str
-) -> None:
-    admin = Redis.from_url(redis_url)
-    gateway_redis = Redis.from_url(
-        through_forwarder, socket_timeout=0.5, socket_connect_timeout=0.5
-    )
-    store = KeyStore(admin, "default")
+async def test_without_a_grace_an_outage_fails_closed(partition: Partition) -> None:
     org = f"org-closed-{time.monotonic_ns()}"
-    await store.create_org(org)
-    token, _ = await store.create_key(org)
-    auth = Authenticator(
-        KeyStore(gateway_redis, "default"),
-        cache_ttl_s=30.0,
-        poll_s=POLL_S,
-        staleness_s=STALENESS_S,
-    )
-    await auth.start()
-    await asyncio.sleep(POLL_S * 3)  # the first poll reads the epoch (and clears the cache)
-    try:
+    await partition.admin.create_org(org)
+    token, _ = await partition.admin.create_key(org)
+    async with authenticator(partition.gateway) as auth:
         assert await _accepted(auth, token)
-        forwarder.sever()
+        partition.forwarder.sever()
         await asyncio.sleep(STALENESS_S * 2)
         with pytest.raises(GatewayError) as refused:
             await auth.authenticate(f"Bearer {token}")
         assert refused.value.status_code == 503
         assert refused.value.code == "auth_unavailable"
-    finally:
-        await auth.aclose()
-        await gateway_redis.aclose()
-        await admin.aclose()
