@@ -19,14 +19,14 @@ admission_seconds = Histogram(
     "Time spent in the admission check.",
     buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5),
 )
-admissions_ahead = Counter(
-    "cstack_admissions_ahead_total",
-    "Admissions made ahead for busy keys (billing/meter/admit_ahead.py): taken by a request, or "
-    "released unused.",
+admission_leases = Counter(
+    "cstack_admission_leases_total",
+    "Busy keys' leases (billing/meter/leases.py): grants from Redis, requests admitted on a "
+    "lease, leases given back.",
     ["outcome"],
 )
-for _outcome in ("taken", "released"):
-    admissions_ahead.labels(_outcome)
+for _outcome in ("granted", "admitted", "returned"):
+    admission_leases.labels(_outcome)
 usage_events = Counter("cstack_usage_events_total", "Usage events emitted.", ["tier", "outcome"])
 usage_spool_events = Gauge(
     "cstack_usage_spool_events",

@@ -56,14 +56,15 @@ class BillingSettings(CstackSettings):
     #: `cstack gateway --workers N` gives each worker process 1/N (gateway/server/workers.py).
     redis_down_allowance_nano_usd: int = Field(default=2_000_000_000, ge=0)
     redis_down_allowance_requests: int = Field(default=500, ge=0)
-    #: Admissions made ahead (meter/admit_ahead.py): a key sending many requests of one shape
-    #: a second, far from its limits, has up to this many of its next ones admitted in
-    #: one Redis call, each with its own rate-limit charge and reservation (0: off).
-    admission_ahead_batch: int = Field(default=16, ge=0, le=256)
-    #: How long an admission made ahead waits for its request before it is given back:
-    #: also how late a suspension, or a budget spent by the org's other keys, may reach a
-    #: busy key's requests (the budget itself is never overrun: it is reserved up front).
-    admission_ahead_lifetime_ms: int = Field(default=1000, ge=1, le=60_000)
+    #: Leases (meter/leases.py): a busy key far from its limits has its requests admitted
+    #: in the gateway process against a slice of its rate limits and its org's budget
+    #: taken from Redis, each grant for at most this many requests (0: off).
+    admission_lease_requests: int = Field(default=64, ge=0, le=4096)
+    #: How long a lease admits requests after the call that granted it was sent, before
+    #: what is left is given back: also how late a suspension, or a budget spent by the
+    #: org's other keys, may reach a busy key's requests (the budget itself is never
+    #: overrun: it is reserved up front).
+    admission_lease_lifetime_ms: int = Field(default=1000, ge=1, le=60_000)
     #: Connect/read timeout of Redis calls.
     redis_timeout_s: float = 2.0
     #: Settlements (after the response has gone) wait up to this long to be sent to Redis
@@ -110,12 +111,12 @@ class BillingSettings(CstackSettings):
     beat_schedule_file: Path = Path(".cstack/celerybeat-schedule")
 
     @model_validator(mode="after")
-    def _admissions_ahead_outlived_by_their_reservations(self) -> BillingSettings:
-        # An admission made ahead is not renewed while it waits: its reservation must not
-        # expire (and its money be released) before a request can take it.
-        if self.admission_ahead_lifetime_ms >= self.reservation_ttl_s * 1000:
+    def _leases_outlived_by_their_reservations(self) -> BillingSettings:
+        # A lease's reservation is renewed a third of its TTL apart, from the first grant
+        # on: a lease that outlived it could admit against money no longer held.
+        if self.admission_lease_lifetime_ms >= self.reservation_ttl_s * 1000:
             raise ValueError(
-                f"admission_ahead_lifetime_ms ({self.admission_ahead_lifetime_ms}) must be "
+                f"admission_lease_lifetime_ms ({self.admission_lease_lifetime_ms}) must be "
                 f"shorter than reservation_ttl_s ({self.reservation_ttl_s} s)"
             )
         return self

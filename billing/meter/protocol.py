@@ -1,7 +1,7 @@
 """Billing's request-path contract with the gateway: admission before forwarding, usage after.
 
 The gateway builds an ``AdmissionRequest`` per request, takes its admission before
-forwarding: ``Meter.admit_ready`` where billing has one at hand, else ``Meter.admit``
+forwarding: ``Meter.admit_ready`` where billing admits it at once, else ``Meter.admit``
 (which may raise ``AdmissionRefused``), and settles exactly once when the
 response has ended, however it ended: ``Meter.settle`` waits until billing has the usage
 (in Redis, or spooled), ``Meter.settle_nowait`` hands it over and returns (for an answer
@@ -63,6 +63,9 @@ class Admission:
     #: gateway sends a key's next request upstream while its admission is still on the way
     #: only where this was comfortably above one (``gateway.api.admission``).
     headroom: int | None = None
+    #: Billing's handle on the lease the request was admitted on (None: admitted alone);
+    #: opaque to the gateway.
+    lease: object | None = None
 
 
 RefusalCode = Literal["rate_limit_exceeded", "insufficient_quota", "billing_unavailable"]
@@ -114,8 +117,8 @@ class UsageReport:
 
 class Meter(Protocol):
     def admit_ready(self, request: AdmissionRequest) -> Admission | None:
-        """The request's admission if billing has it at hand (made ahead for a busy key),
-        without a wait; None: ``admit`` it."""
+        """The request's admission if billing can make it without a wait (on a busy key's
+        lease); None: ``admit`` it."""
         ...
 
     async def admit(self, request: AdmissionRequest) -> Admission: ...

@@ -26,14 +26,10 @@ from typing import Any, cast
 from redis import exceptions as redis_errors
 
 from billing import metrics
-from billing.meter.admit_ahead import (
-    ADMIT_AHEAD_SCRIPT,
-    RELEASE_AHEAD_SCRIPT,
-    AdmissionsAhead,
-    headroom,
-)
 from billing.meter.events import answer_cost, usage_event_fields, usage_event_json
 from billing.meter.keyspace import Keyspace
+from billing.meter.lease_state import Lease, headroom
+from billing.meter.leases import LEASE_SCRIPT, RETURN_LEASE_SCRIPT, Leases
 from billing.meter.outage import SLOT_MOVING, LocalAllowance, billing_unavailable, unreachable
 from billing.meter.protocol import Admission, AdmissionRefused, AdmissionRequest, UsageReport
 from billing.meter.ratelimit_headers import admission_headers
@@ -81,8 +77,8 @@ class RedisMeter:
             ADMIT_SCRIPT,
             SETTLE_SCRIPT,
             RENEW_SCRIPT,
-            ADMIT_AHEAD_SCRIPT,
-            RELEASE_AHEAD_SCRIPT,
+            LEASE_SCRIPT,
+            RETURN_LEASE_SCRIPT,
         ]
         self._cluster: ClusterScripts | None = None
         self._scripts: ScriptBatcher | ClusterScripts
@@ -123,14 +119,15 @@ class RedisMeter:
         #: a cluster's failover takes some shards away while the others answer, and the
         #: outage (and its allowance) ends only when every one has answered again.
         self._down_shards: set[str] = set()
-        #: Busy keys' next requests, admitted ahead in one call (``billing.meter.admit_ahead``).
-        self.ahead = AdmissionsAhead(
+        #: Busy keys' requests, admitted here on leases (``billing.meter.leases``).
+        self.leases = Leases(
             self._scripts,
             self.keys,
             self.book,
+            self.reservations,
             period=lambda: self._period,
-            batch=settings.admission_ahead_batch,
-            lifetime_s=settings.admission_ahead_lifetime_ms / 1000,
+            max_requests=settings.admission_lease_requests,
+            lifetime_s=settings.admission_lease_lifetime_ms / 1000,
             reservation_ttl_s=settings.reservation_ttl_s,
         )
         self._publish_prices()
@@ -145,23 +142,43 @@ class RedisMeter:
     # -- admission -----------------------------------------------------------------
 
     def admit_ready(self, request: AdmissionRequest) -> Admission | None:
-        """An admission made ahead for this request (``billing.meter.admit_ahead``), or None."""
-        ahead = self.ahead.take(request)
-        if ahead is None:
+        """The request admitted on its key's lease (``billing.meter.leases``), or None."""
+        worst = 0
+
+        def units() -> int | None:
+            # Its worst case's list cost: never less than the budget units it can add (a
+            # promotion's multiplier is at least 1). Unpriceable: no lease admits it.
+            nonlocal worst
+            try:
+                worst = worst_case_charge(
+                    self.book,
+                    tier=request.tier,
+                    model=request.model,
+                    prompt_tokens=request.prompt_tokens,
+                    max_output_tokens=request.max_output_tokens,
+                    at=datetime.now(UTC),
+                ).list_cost_nano
+            except PriceBookError:
+                return None
+            return worst
+
+        lease = self.leases.take(request, units)
+        if lease is None:
             return None
-        reservation_id = f"{ahead.period}/{ahead.member}"
-        self.reservations.hold(
-            reservation_id,
-            f"{self.keys.budget_prefix(request.org_id)}{ahead.period}:resv",
-            ahead.member,
-            request.max_duration_s,
-        )
+        now = time.monotonic()
         return Admission(
             request=request,
-            headers=ahead.headers,
-            reserved_nano_usd=ahead.reserved_nano_usd,
-            reservation_id=reservation_id,
-            headroom=ahead.headroom,
+            headers=lease.headers(now),
+            reserved_nano_usd=worst,
+            reservation_id=lease.reservation_id,
+            headroom=headroom(
+                lease.left_requests + lease.requests,
+                lease.left_tokens + lease.tokens,
+                lease.left_budget + lease.units,
+                request.prompt_tokens + request.max_output_tokens,
+                worst,
+            ),
+            lease=lease,
         )
 
     async def admit(self, request: AdmissionRequest) -> Admission:
@@ -189,7 +206,8 @@ class RedisMeter:
         )
         tokens = request.prompt_tokens + request.max_output_tokens
         try:
-            for _ in range(2):  # again, in Redis's period, if the two clocks' months differ
+            gave_back = False
+            for _ in range(3):
                 reply = await self._scripts.call(
                     ADMIT_SCRIPT,
                     self.keys.admission_keys(
@@ -209,10 +227,17 @@ class RedisMeter:
                         plan.included_nano,
                     ],
                 )
-                if reply[0] != b"period":
+                if reply[0] == b"period":  # again, in Redis's period: the clocks' months differ
+                    self._period = reply[5].decode()
+                elif reply[0] in (b"quota", b"rate") and not gave_back:
+                    # Again once this process's leases have given back what they hold of the
+                    # key's limits and the org's budget: the request may fit in that.
+                    gave_back = True
+                    if not await self.leases.give_back(request, budget=reply[0] == b"quota"):
+                        break
+                else:
                     break
-                self._period = reply[5].decode()
-            else:  # the month turned between the two calls: no admission without its check
+            if reply[0] == b"period":  # the month turned between calls: no admission unchecked
                 raise billing_unavailable()
         except (*REDIS_DOWN, *SLOT_MOVING) as exc:
             return self._admit_without_redis(request, worst.list_cost_nano, exc)
@@ -221,8 +246,8 @@ class RedisMeter:
             raise billing_unavailable() from exc
         self._answered(request.org_id)
         status = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
-        if status != "ok":  # nothing is admitted ahead until an admission says there is room
-            self.ahead.admitted(request, left_requests=0, left_tokens=0, left_budget=0)
+        if status != "ok":  # no lease is granted until an admission says there is room
+            self.leases.admitted(request, left_requests=0, left_tokens=0, left_budget=0)
         headers = admission_headers(reply, rpm=plan.rpm, tpm=plan.tpm)
         if status == "suspended":
             raise AdmissionRefused(
@@ -266,7 +291,7 @@ class RedisMeter:
         )
         reserved = int(reply[7])
         left_requests, left_tokens, left_budget = int(reply[1]), int(reply[3]), int(reply[6])
-        self.ahead.admitted(
+        self.leases.admitted(
             request, left_requests=left_requests, left_tokens=left_tokens, left_budget=left_budget
         )
         return Admission(
@@ -312,7 +337,7 @@ class RedisMeter:
         settlements of the moment, and its failure is logged. Its reservation is no longer
         renewed from now; it is priced when its batch goes."""
         if admission.reservation_id:
-            self.reservations.release(admission.reservation_id)
+            self._let_go(admission)
             self._settlements.submit_nowait(functools.partial(self._priced_later, admission, usage))
         else:  # admitted on the outage allowance: what it did not use is given back now
             self._settlements.submit_nowait(self._record(admission, usage))
@@ -323,11 +348,19 @@ class RedisMeter:
         """The usage priced into what a settlement sends, its reservation released (or its
         part of the outage allowance given back)."""
         if admission.reservation_id:
-            self.reservations.release(admission.reservation_id)
+            self._let_go(admission)
         record = self._priced(admission, usage)
         if not admission.reservation_id:
             self.local_allowance.settle(usage.request_id, record["list_nano_usd"])
         return record
+
+    def _let_go(self, admission: Admission) -> None:
+        """The request's reservation is no longer renewed for it (a lease's, once the
+        lease is given back and none of its requests runs)."""
+        if isinstance(admission.lease, Lease):
+            self.leases.settled(admission.lease)
+        elif admission.reservation_id:
+            self.reservations.release(admission.reservation_id)
 
     def _priced_later(self, admission: Admission, usage: UsageReport) -> Record | None:
         try:
@@ -362,8 +395,9 @@ class RedisMeter:
             "included_nano_usd": self.book.included_nano(admission.request.plan),
             "event": usage_event_json(event),
         }
-        if reservation != usage.request_id:  # an admission made ahead: its own id
+        if isinstance(admission.lease, Lease):  # the lease's reservation, its part of it
             record["reservation"] = reservation
+            record["part"] = admission.reserved_nano_usd
         return record
 
     def usage_cost(self, usage: UsageReport) -> dict[str, Any] | None:
@@ -397,9 +431,9 @@ class RedisMeter:
         return total
 
     async def aclose(self) -> None:
-        """Give back the admissions made ahead, settle (or spool) what is gathered, replay
-        the spool, then close."""
-        await self.ahead.aclose()
+        """Give back the leases, settle (or spool) what is gathered, replay the spool, then
+        close."""
+        await self.leases.aclose()
         await self._settlements.aclose()
         await self.reservations.aclose()
         try:

@@ -175,9 +175,11 @@ class UsageWriter:
                 f"{budget}:resv",
                 f"{budget}:resv-amount",
             ]
-            # The reservation's id: the request's, unless it took an admission made ahead.
+            # The reservation's id: the request's, unless it was admitted on a lease (then
+            # its part of the lease's reservation).
             reservation: str = record.get("reservation") or record["event_id"]
-            args += [reservation, *budget_arguments(record), record["event"]]
+            part = int(record.get("part", -1))  # -1: the whole reservation
+            args += [reservation, part, *budget_arguments(record), record["event"]]
         if self._cluster is None:
             return list(
                 await self._scripts.call(SETTLE_SCRIPT, keys, [SETTLED_MARKER_TTL_S, *args])
@@ -188,7 +190,7 @@ class UsageWriter:
                 self._cluster.call(
                     SETTLE_SCRIPT,
                     [k for i in group for k in keys[5 * i : 5 * i + 5]],
-                    [SETTLED_MARKER_TTL_S, *(a for i in group for a in args[6 * i : 6 * i + 6])],
+                    [SETTLED_MARKER_TTL_S, *(a for i in group for a in args[7 * i : 7 * i + 7])],
                     durable=True,  # on a replica too, or spooled: a failover loses no money
                 )
                 for group in groups

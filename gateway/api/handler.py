@@ -85,7 +85,7 @@ class GenerationHandler:
             raise endpoint.client_error(exc) from None
         admission_request = self._admission_request(request, principal, route, shape)
         key_id = principal.key.key_id
-        # Made ahead for a busy key (billing's admit_ahead): no round trip to wait for or overlap.
+        # On a busy key's lease (billing's leases): no round trip to wait for or overlap.
         admission = self._meter.admit_ready(admission_request)
         if admission is not None:
             self._standing.granted(key_id, admission)

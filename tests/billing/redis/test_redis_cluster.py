@@ -134,20 +134,20 @@ async def test_orgs_spread_over_the_primaries_and_each_is_metered_exactly(
 
 
 @on_session_loop
-async def test_busy_keys_are_admitted_ahead_on_every_shard_and_metered_exactly(
+async def test_busy_keys_are_admitted_on_leases_on_every_shard_and_metered_exactly(
     settings: BillingSettings,
 ) -> None:
-    meter = RedisMeter(settings.model_copy(update={"admission_ahead_lifetime_ms": 30_000}))
-    orgs = [f"org-ahead-{i}-{time.time_ns()}" for i in range(6)]
-    ahead = 0
+    meter = RedisMeter(settings.model_copy(update={"admission_lease_lifetime_ms": 30_000}))
+    orgs = [f"org-lease-{i}-{time.time_ns()}" for i in range(6)]
+    leased = 0
     periods: set[str] = set()
 
     async def busy(org: str) -> None:
-        nonlocal ahead
+        nonlocal leased
         for _ in range(12):
             request = admission_request(org=org, key=f"key-{org}", prompt=100)
             admission = meter.admit_ready(request)
-            ahead += admission is not None
+            leased += admission is not None
             admission = admission or await meter.admit(request)
             periods.add(str(admission.reservation_id).split("/")[0])
             await meter.settle(admission, usage_for(request, completion=5))
@@ -157,7 +157,7 @@ async def test_busy_keys_are_admitted_ahead_on_every_shard_and_metered_exactly(
         await asyncio.gather(*(busy(org) for org in orgs))
     finally:
         await meter.aclose()  # gives back what no request took
-    assert ahead >= len(orgs)
+    assert leased >= len(orgs)
     (period,) = periods
     for org in orgs:
         assert await budget(meter, org, period) == {"reserved": 0, "used": 12 * COST}

@@ -243,7 +243,7 @@ def test_bad_billing_settings_end_the_gateway_in_one_line() -> None:
     )
     assert result.returncode == 1
     assert result.stderr.strip() == (
-        "error: invalid setting: Value error, admission_ahead_lifetime_ms (1000) must be "
+        "error: invalid setting: Value error, admission_lease_lifetime_ms (1000) must be "
         "shorter than reservation_ttl_s (1 s)"
     )
 

@@ -1,10 +1,11 @@
 """A busy key through two real gateway processes with the real Meter (and the openai SDK):
-its requests take admissions made ahead (``billing.meter.admit_ahead``), and the money is
+its requests are admitted on leases (``billing.meter.leases``), and the money is
 exactly what was metered: one usage event per answered request, the budget's ``used`` their sum and
-nothing left reserved once the gateways have stopped and given back what no request took.
+nothing left reserved once the gateways have stopped and given their leases back.
 
-The upstream is the fast stand-in (tests.support.fakes.upstream): admissions are made ahead only
-for a key sending several requests of a shape a second, more than CPU vLLM answers here.
+The upstream is the fast stand-in (tests.support.fakes.upstream): a key gets a lease only when
+it sends several requests a second, more than CPU vLLM answers here. Each request asks for
+its own ``max_tokens``: a lease admits requests of any shape.
 """
 
 from __future__ import annotations
@@ -29,14 +30,14 @@ ORG = "org-busy-key"
 CLIENTS, EACH = 6, 25
 
 
-def taken_ahead(metrics_port: int) -> float:
+def admitted_on_leases(metrics_port: int) -> float:
     text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
-    found = re.search(r'^cstack_admissions_ahead_total\{outcome="taken"\} (\S+)$', text, re.M)
-    assert found, "the gateway's /metrics has no cstack_admissions_ahead_total"
+    found = re.search(r'^cstack_admission_leases_total\{outcome="admitted"\} (\S+)$', text, re.M)
+    assert found, "the gateway's /metrics has no cstack_admission_leases_total"
     return float(found.group(1))
 
 
-async def test_a_busy_key_is_admitted_ahead_and_billed_exactly(
+async def test_a_busy_key_is_admitted_on_leases_and_billed_exactly(
     billing_settings: BillingSettings, usage_upstream: str, tmp_path: Path
 ) -> None:
     token, _ = await create_org_key(billing_settings.redis_url, ORG, "metered")
@@ -48,21 +49,21 @@ async def test_a_busy_key_is_admitted_ahead_and_billed_exactly(
 
         async def client_loop(index: int) -> list[tuple[str, dict[str, str]]]:
             answered = []
-            for _ in range(EACH):
+            for turn in range(EACH):
                 raw = await clients[index % 2].chat.completions.with_raw_response.create(
                     model="composer-2.5",
                     messages=[{"role": "user", "content": "the same question"}],
-                    max_tokens=8,
+                    max_tokens=4 + (index * EACH + turn) % 13,
                 )
                 answered.append((raw.headers["x-request-id"], dict(raw.headers)))
             return answered
 
         results = await asyncio.gather(*(client_loop(i) for i in range(CLIENTS)))
         answered = [one for loop in results for one in loop]
-        taken = sum(taken_ahead(port) for port in metrics_ports)
+        taken = sum(admitted_on_leases(port) for port in metrics_ports)
         for client in clients:
             await client.close()
-    # Every answer carried its rate-limit figures, some of them admissions made ahead.
+    # Every answer carried its rate-limit figures, some of them admitted on a lease.
     assert all("x-ratelimit-remaining-requests" in headers for _, headers in answered)
     assert taken > 0
 
