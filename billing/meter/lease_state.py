@@ -4,6 +4,8 @@ key (with its customer) and, over their leases, per key and per org."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
+from typing import Any
 
 from billing.meter.ratelimit_headers import ratelimit_headers
 
@@ -56,26 +58,37 @@ class Lease:
         self.resv_key = ""
         self.held_until = 0.0
         self.retired = False
-        #: The last grant's reply: what Redis said was left besides the lease, and when.
+        #: The last grant's reply: what Redis said was left besides the lease, and the
+        #: headers it makes (``granted``).
         self.rpm = self.tpm = 0
         self.left_requests = self.left_tokens = self.left_budget = 0
-        self.reset_requests_us = self.reset_tokens_us = 0
-        self.granted_at = 0.0
+        self.template: dict[str, str] = {}
 
     @property
     def reservation_id(self) -> str:
         return f"{self.period}/{self.member}"
 
-    def headers(self, now: float) -> dict[str, str]:
-        elapsed_us = int((now - self.granted_at) * 1_000_000)
-        return ratelimit_headers(
+    def granted(self, reply: Sequence[Any]) -> None:
+        """What the grant's reply (``LEASE``'s) says was left, and its headers' template."""
+        self.left_requests, self.left_tokens = int(reply[1]), int(reply[3])
+        self.left_budget = int(reply[6])
+        self.template = ratelimit_headers(
             rpm=self.rpm,
             tpm=self.tpm,
-            remaining_requests=self.left_requests + self.requests,
-            reset_requests_us=self.reset_requests_us - elapsed_us,
-            remaining_tokens=self.left_tokens + self.tokens,
-            reset_tokens_us=self.reset_tokens_us - elapsed_us,
+            remaining_requests=0,
+            reset_requests_us=int(reply[2]),
+            remaining_tokens=0,
+            reset_tokens_us=int(reply[4]),
         )
+
+    def headers(self) -> dict[str, str]:
+        """``x-ratelimit-*`` of a request admitted on the lease: what Redis said was left
+        at the last grant plus what is left of the lease; the resets as of that grant."""
+        return {
+            **self.template,
+            "x-ratelimit-remaining-requests": str(self.left_requests + self.requests),
+            "x-ratelimit-remaining-tokens": str(self.left_tokens + self.tokens),
+        }
 
 
 class Holder:

@@ -43,7 +43,8 @@ What this changes, and its bounds:
   left, or half the lifetime has gone, so a steady key keeps its lease without a
   request waiting for it.
 - A request admitted on a lease reports, in ``x-ratelimit-*``, what Redis said the key
-  had left when the lease was last granted, plus what is left of the lease.
+  had left when the lease was last granted, plus what is left of the lease (and the
+  resets as of that grant).
 """
 
 from __future__ import annotations
@@ -302,13 +303,11 @@ class Leases:
                 return
             granted = True
             lease.rpm, lease.tpm = plan.rpm, plan.tpm
-            if reply[0] == b"ok":  # ("again": its figures are those of the last reply)
-                holder.key.left_requests, holder.key.left_tokens = int(reply[1]), int(reply[3])
-                holder.org.left_budget = int(reply[6])
-                lease.left_requests, lease.left_tokens = int(reply[1]), int(reply[3])
-                lease.left_budget = int(reply[6])
-                lease.reset_requests_us, lease.reset_tokens_us = int(reply[2]), int(reply[4])
-                lease.granted_at = sent_at
+            if reply[0] == b"ok" or not lease.template:  # "again": figures of the last reply
+                lease.granted(reply if reply[0] == b"ok" else [b"", 0, 0, 0, 0, b"", 0])
+                holder.key.left_requests = lease.left_requests
+                holder.key.left_tokens = lease.left_tokens
+                holder.org.left_budget = lease.left_budget
             lease.requests += count
             lease.tokens += tokens
             lease.units += units

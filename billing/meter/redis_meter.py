@@ -39,7 +39,13 @@ from billing.meter.settlement import Record, SettlementQueue
 from billing.meter.spool import UsageSpool
 from billing.meter.usage_writer import REDIS_DOWN, SETTLE_SCRIPT, UsageWriter
 from billing.prices.periods import period_of
-from billing.prices.pricing import PriceBook, PriceBookError, pricebook_from_path, worst_case_charge
+from billing.prices.pricing import (
+    PriceBook,
+    PriceBookError,
+    pricebook_from_path,
+    worst_case_charge,
+    worst_list_cost,
+)
 from billing.redis.batching import Script, ScriptBatcher
 from billing.redis.client import AsyncClient, async_client, parse_redis_url
 from billing.redis.cluster import ClusterScripts
@@ -150,25 +156,23 @@ class RedisMeter:
             # promotion's multiplier is at least 1). Unpriceable: no lease admits it.
             nonlocal worst
             try:
-                worst = worst_case_charge(
+                worst = worst_list_cost(
                     self.book,
                     tier=request.tier,
-                    model=request.model,
                     prompt_tokens=request.prompt_tokens,
                     max_output_tokens=request.max_output_tokens,
                     at=datetime.now(UTC),
-                ).list_cost_nano
-            except PriceBookError:
+                )
+            except (PriceBookError, KeyError):
                 return None
             return worst
 
         lease = self.leases.take(request, units)
         if lease is None:
             return None
-        now = time.monotonic()
         return Admission(
             request=request,
-            headers=lease.headers(now),
+            headers=lease.headers(),
             reserved_nano_usd=worst,
             reservation_id=lease.reservation_id,
             headroom=headroom(

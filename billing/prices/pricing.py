@@ -135,6 +135,15 @@ def worst_case_charge(
     )
 
 
+def worst_list_cost(
+    book: PriceBook, *, tier: Tier, prompt_tokens: int, max_output_tokens: int, at: datetime
+) -> int:
+    """``worst_case_charge(...).list_cost_nano`` alone, at a tenth of its cost: a busy
+    key's lease prices every request it admits (``billing.meter.leases``)."""
+    prices = book.version_at(at).tiers[tier]
+    return prompt_tokens * prices.input + max_output_tokens * prices.output
+
+
 @lru_cache(maxsize=8)
 def _cached_book(path: Path, mtime_ns: int) -> PriceBook:
     return load_pricebook(path)
