@@ -73,6 +73,28 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', rkey, '-inf', now, 'LIMIT', 0, 1
 end
 """
 
+
+def budget_of_the_period(period_arg: int) -> str:
+    """Lua, after a GCRA check (``req``, ``tok``): the period the gateway named in
+    ``ARGV[period_arg]`` checked against Redis's ('period' answered if they differ), the
+    budget's expired reservations released, and its ``budget``, ``used`` and ``reserved``
+    read."""
+    return (
+        PERIOD_OF_NOW
+        + f"""
+if period ~= ARGV[{period_arg}] then
+  return {{'period', req[4], math.ceil(req[5]), tok[4], math.ceil(tok[5]), period}}
+end
+"""
+        + BUDGET_RECLAIMED
+        + """
+local budget = redis.call('HMGET', bkey, 'used', 'reserved')
+local used = tonumber(budget[1] or '0')
+local reserved = tonumber(budget[2] or '0')
+"""
+    )
+
+
 # The first use of an org's period (`budget` read before it): its keys outlive the month,
 # then go.
 BUDGET_KEPT = """
@@ -143,17 +165,8 @@ if not req[2] or not tok[2] then
   return {'rate', req[4], math.ceil(req[5]), tok[4], math.ceil(tok[5]), math.ceil(wait)}
 end
 """
-    + PERIOD_OF_NOW
+    + budget_of_the_period(8)
     + """
-if period ~= ARGV[8] then
-  return {'period', req[4], math.ceil(req[5]), tok[4], math.ceil(tok[5]), period}
-end
-"""
-    + BUDGET_RECLAIMED
-    + """
-local budget = redis.call('HMGET', bkey, 'used', 'reserved')
-local used = tonumber(budget[1] or '0')
-local reserved = tonumber(budget[2] or '0')
 local cap = tonumber(ARGV[5])
 local units = budget_units(tonumber(ARGV[4]), tonumber(ARGV[9]), tonumber(ARGV[10]),
   tonumber(ARGV[11]), used + reserved)
@@ -265,17 +278,8 @@ if not req[2] or not tok[2] then
   return {'rate', req[4], math.ceil(req[5]), tok[4], math.ceil(tok[5]), 0}
 end
 """
-    + PERIOD_OF_NOW
+    + budget_of_the_period(9)
     + """
-if period ~= ARGV[9] then
-  return {'period', req[4], math.ceil(req[5]), tok[4], math.ceil(tok[5]), period}
-end
-"""
-    + BUDGET_RECLAIMED
-    + """
-local budget = redis.call('HMGET', bkey, 'used', 'reserved')
-local used = tonumber(budget[1] or '0')
-local reserved = tonumber(budget[2] or '0')
 local cap = tonumber(ARGV[6])
 local units = tonumber(ARGV[5])
 if used + reserved + units > cap then
