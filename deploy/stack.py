@@ -30,7 +30,7 @@ import httpx
 from deploy.progress import Progress, Step
 from deploy.settings import DeploySettings
 from serving.engine import engine_for_variant
-from serving.process import ManagedProcess, ServerStartError, free_port
+from serving.process import ManagedProcess, ServerStartError, StopSignals, free_port
 from serving.redact import redact_url
 from serving.settings import ServingSettings
 from serving.tiny import build_tiny_checkpoint
@@ -256,9 +256,11 @@ class LocalStack:
     def dev_key(self) -> str:
         return self.dev_key_path.read_text().strip()
 
-    def wait(self) -> ManagedProcess:
-        """Block until a component dies (the caller stops on signals); return that one."""
+    def wait(self, stop_signals: StopSignals) -> ManagedProcess:
+        """Block until a component dies and return that one, or until a stop signal
+        arrives (StopRequested), even one whose first raise was swallowed."""
         while True:
+            stop_signals.raise_if_received()
             for process in self.processes:
                 if not process.running():
                     return process

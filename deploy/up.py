@@ -39,7 +39,7 @@ def up(
     progress = Progress()
     stack = LocalStack(DeploySettings(), say=progress.say)
     try:
-        with stop_signals_raise():
+        with stop_signals_raise() as stop_signals:
             with progress:
                 stack.start(progress)
             for tier in TIERS:
@@ -58,7 +58,7 @@ def up(
                     f"try: OPENAI_BASE_URL={stack.base_url} OPENAI_API_KEY=$(cat "
                     f"{stack.dev_key_path}) and any OpenAI SDK"
                 )
-            died = stack.wait()
+            died = stack.wait(stop_signals)
         typer.echo(f"error: {died.name} exited: {died.failure_cause()}", err=True)
         raise typer.Exit(1)
     except StopRequested:
@@ -92,12 +92,14 @@ def tier_completion(base_url: str, api_key: str, tier: str) -> tuple[str, str]:
     """One chat completion through the gateway with the openai SDK: (served tier, text)."""
     from openai import OpenAI
 
-    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
-    raw = client.chat.completions.with_raw_response.create(
-        model=f"composer-2.5-{tier}",
-        messages=[{"role": "user", "content": "Say hello."}],
-        max_tokens=16,
-    )
+    # Closed here, not by the garbage collector later: its finalizer would run inside
+    # `cstack up`'s wait and could swallow a stop signal (serving.process.StopSignals).
+    with OpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+        raw = client.chat.completions.with_raw_response.create(
+            model=f"composer-2.5-{tier}",
+            messages=[{"role": "user", "content": "Say hello."}],
+            max_tokens=16,
+        )
     reply = raw.parse()
     # Our tier's name; the answer's service_tier holds OpenAI's (priority / default).
     return raw.headers.get("x-cstack-tier", "?"), reply.choices[0].message.content or ""

@@ -183,32 +183,57 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-class StopRequested(Exception):
-    """SIGTERM or SIGINT arrived; raised from the signal handler to unwind to cleanup."""
+class StopRequested(BaseException):
+    """SIGTERM or SIGINT arrived; raised from the signal handler to unwind to cleanup.
+
+    A BaseException, like KeyboardInterrupt: the handler runs wherever the main thread
+    happens to be, and a library's ``except Exception`` there must not swallow the stop.
+    """
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.exit_code = 128 + signum
 
 
+class StopSignals:
+    """The stop signals received inside a :func:`stop_signals_raise` block.
+
+    The handler's raise can still be lost: Python drops what a finalizer (``__del__``)
+    raises, and the garbage collector runs finalizers wherever the main thread allocates
+    (the openai SDK's client closes its connections in one, inside ``except Exception``).
+    A `cstack up` signalled while that ran kept running, its one SIGTERM gone. Loops that
+    wait call :meth:`raise_if_received` each round, so a stop lost that way still lands.
+    """
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+
+    def raise_if_received(self) -> None:
+        if self.received:
+            raise StopRequested(self.received[0])
+
+
 @contextlib.contextmanager
-def stop_signals_raise() -> Iterator[None]:
+def stop_signals_raise() -> Iterator[StopSignals]:
     """Turn SIGTERM/SIGINT into ``StopRequested`` inside the block, and ignore them after it.
 
     Doing the cleanup in the handler itself is not safe: the main thread may be inside
     ``Popen.wait``, whose lock is not re-entrant, so a second wait from the handler
     deadlocks. Raising unwinds the interrupted wait first. Once the block is left (for
     the caller's ``finally`` cleanup), further signals are ignored so that a second
-    Ctrl-C cannot abandon a half-stopped child.
+    Ctrl-C cannot abandon a half-stopped child. Yields the signals received, for loops
+    that must not miss a stop whose raise was swallowed (:class:`StopSignals`).
     """
+    signals = StopSignals()
 
     def _raise(signum: int, _frame: object) -> None:
+        signals.received.append(signum)
         raise StopRequested(signum)
 
     signal.signal(signal.SIGTERM, _raise)
     signal.signal(signal.SIGINT, _raise)
     try:
-        yield
+        yield signals
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)

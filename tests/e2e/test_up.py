@@ -42,6 +42,7 @@ def test_up_serves_and_stops_everything(vllm_url: str, tmp_path: Path) -> None:
         "CSTACK_VLLM_URL": vllm_url,
         "CSTACK_STATE_DIR": str(tmp_path / "state"),
         "CSTACK_GATEWAY_PORT": str(free_port()),
+        "PYTHONFAULTHANDLER": "1",  # a hang's SIGABRT below prints where every thread is
     }
     env.pop("CSTACK_REDIS_URL", None)
     proc = subprocess.Popen(
@@ -73,7 +74,12 @@ def test_up_serves_and_stops_everything(vllm_url: str, tmp_path: Path) -> None:
         client.close()
     finally:
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=120)
+        try:
+            out, _ = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            out, _ = proc.communicate(timeout=30)
+            pytest.fail(f"still running 120 s after SIGTERM; its output:\n{out}")
     assert "stopped" in out
     with pytest.raises(redis.ConnectionError):
         redis.Redis.from_url(valkey_url, socket_connect_timeout=1).ping()

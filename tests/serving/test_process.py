@@ -60,3 +60,57 @@ def test_child_dying_during_start_names_the_cause(tmp_path: Path) -> None:
     child.start()
     with pytest.raises(ServerStartError, match=r"status 3 during start: ValueError: the config"):
         child.wait_healthy(timeout_s=60)
+
+
+# The signal lands while the main thread runs code that swallows what it raises: a
+# finalizer run by the garbage collector (as the openai SDK's client's, which closes its
+# connections inside `except Exception`), or a library's own `except Exception`.
+SWALLOWED = """
+import gc, os, signal, sys, threading, time
+from serving.process import StopRequested, stop_signals_raise
+
+class ClosedByTheCollector:
+    def __init__(self):
+        self.cycle = self
+    def __del__(self):
+        try:
+            time.sleep(0.5)
+        except Exception:
+            pass
+
+def library_call():
+    try:
+        time.sleep(0.5)
+    except Exception:
+        pass
+
+threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGTERM)).start()
+try:
+    with stop_signals_raise() as stop_signals:
+        if sys.argv[1] == "finalizer":
+            ClosedByTheCollector()
+            gc.collect()
+        else:
+            library_call()
+        print("went on", flush=True)
+        for _ in range(100):
+            stop_signals.raise_if_received()
+            time.sleep(0.1)
+except StopRequested as stop:
+    sys.exit(stop.exit_code)
+sys.exit(0)
+"""
+
+
+@pytest.mark.parametrize("swallowed_by", ["finalizer", "library"])
+def test_a_stop_whose_raise_was_swallowed_still_stops(swallowed_by: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", SWALLOWED, swallowed_by],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr
+    # A finalizer drops any exception, so only the wait loop's check stops that one; an
+    # `except Exception` no longer catches StopRequested (a BaseException) at all.
+    assert ("went on" in done.stdout) == (swallowed_by == "finalizer")

@@ -34,11 +34,16 @@ def _rl(values: dict[str, Any]) -> None:
         # Exited last to first: the stop signals are ignored before the stack closes
         # (stopping Valkey, vLLM and the workers), so a second Ctrl-C or SIGTERM cannot
         # cut that cleanup short.
-        with ExitStack() as stack, report_path.open("w") as report, stop_signals_raise():
+        with (
+            ExitStack() as stack,
+            report_path.open("w") as report,
+            stop_signals_raise() as stop_signals,
+        ):
             session = RlSession(config, stack)
             for step in session.run():
                 report.write(json.dumps(step.__dict__) + "\n")
                 report.flush()
+                stop_signals.raise_if_received()
     except StopRequested as stop:
         typer.echo(f"stopped ({stop}); step reports in {report_path}")
         raise typer.Exit(stop.exit_code) from None
