@@ -45,6 +45,7 @@ class Lease:
     def __init__(self, member: str, period: str) -> None:
         #: The lease's reservation: its id in the budget of ``period``.
         self.member, self.period = member, period
+        self.reservation_id = f"{period}/{member}"
         #: What is left unused.
         self.requests = self.tokens = self.units = 0
         #: ``time.monotonic()`` after which no request is admitted on it.
@@ -63,10 +64,6 @@ class Lease:
         self.rpm = self.tpm = 0
         self.left_requests = self.left_tokens = self.left_budget = 0
         self.template: dict[str, str] = {}
-
-    @property
-    def reservation_id(self) -> str:
-        return f"{self.period}/{self.member}"
 
     def granted(self, reply: Sequence[Any]) -> None:
         """What the grant's reply (``LEASE``'s) says was left, and its headers' template."""
