@@ -53,6 +53,7 @@ class SlotSharing:
     max_queue_wait_s: dict[str, float] = field(
         default_factory=lambda: {"fast": 10.0, "standard": 60.0}
     )
+    fair_headroom: int = 2
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,10 @@ def _slot_sharing(raw: dict[str, Any], path: Path) -> SlotSharing:
         standard_max_share=float(raw.get("standard_max_share", defaults.standard_max_share)),
         standard_min_share=float(raw.get("standard_min_share", defaults.standard_min_share)),
         max_queue_wait_s={tier: float(wait) for tier, wait in waits.items()},
+        fair_headroom=raw.get("fair_headroom", defaults.fair_headroom),
     )
+    if not isinstance(sharing.fair_headroom, int) or sharing.fair_headroom < 0:
+        raise VariantError(f"{path}: slot_sharing.fair_headroom must be a whole number >= 0")
     shares = (sharing.standard_min_share, sharing.standard_max_share)
     if not 0 <= shares[0] <= shares[1] <= 1:
         raise VariantError(f"{path}: slot_sharing shares must be 0 <= min <= max <= 1")

@@ -17,12 +17,20 @@ engine's requests to its batch size (``max-num-seqs``) itself and decides who go
   equals), so an org sending ten times another's concurrency queues behind its own
   requests, not in front of the other's. It is work-conserving: an org alone can take
   every slot its tier may hold.
+- A freed slot is handed on only when a request is waiting, so an org under its share
+  whose next request arrives a moment later (a closed-loop client) would still find
+  every slot taken by the busy org and wait for the next one to finish. While another
+  org of the tier is under its share (the tier's slots over its active orgs: those
+  holding slots, waiting, or done within ``recent_s``), an org over its share leaves
+  ``fair_headroom`` slots free for it. Alone in a tier, an org takes them all.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -49,6 +57,11 @@ class SlotPolicy:
     shared: bool
     standard_max_share: float = STANDARD_MAX_SHARE
     standard_min_share: float = STANDARD_MIN_SHARE
+    #: Slots an org over its share of a tier leaves free for the tier's orgs under theirs
+    #: (0: none, every freed slot goes to whoever waits).
+    fair_headroom: int = 2
+    #: How long after its last request ended an org still counts as active in a tier.
+    recent_s: float = 1.0
 
     @property
     def standard_cap(self) -> int:
@@ -79,19 +92,56 @@ class EngineSlots:
         #: The org of each waiter, and the slots each (tier, org) holds now.
         self._orgs: dict[asyncio.Future[int], str] = {}
         self.held: dict[tuple[str, str], int] = {}
+        #: When each (tier, org) last gave a slot back (``time.monotonic()``).
+        self._last_done: dict[tuple[str, str], float] = {}
+        self._regrant: asyncio.TimerHandle | None = None
 
     def waiting(self, tier: str) -> int:
         return sum(not f.done() for f in self._waiting[tier])
 
-    def _allowed(self, tier: str, weight: int) -> bool:
+    def _allowed(self, tier: str, weight: int, org: str | None = None) -> bool:
+        """Whether ``weight`` slots of ``tier`` may go to ``org`` now (None: any org)."""
         policy = self.policy
         free = policy.size - sum(self.in_flight.values())
         if free < weight:
             return False
         if tier == "standard":
-            return self.in_flight["standard"] + weight <= policy.standard_cap
-        owed = policy.standard_floor - self.in_flight["standard"]
-        return not (owed > 0 and self.waiting("standard") and free - weight < owed)
+            room = policy.standard_cap - self.in_flight["standard"]
+            if room < weight:
+                return False
+            free = min(free, room)
+        else:
+            owed = policy.standard_floor - self.in_flight["standard"]
+            if owed > 0 and self.waiting("standard") and free - weight < owed:
+                return False
+        return org is None or self._leaves_headroom(tier, org, weight, free - weight)
+
+    def _leaves_headroom(self, tier: str, org: str, weight: int, free_after: int) -> bool:
+        """False when ``org`` would take, over its share, the room kept for orgs under
+        theirs (``fair_headroom`` slots at most, and no more than they are short)."""
+        if free_after >= self.policy.fair_headroom:
+            return True
+        others = self._active_orgs(tier) - {org}
+        if not others:
+            return True  # alone: work-conserving
+        tier_slots = self.policy.standard_cap if tier == "standard" else self.policy.size
+        share = tier_slots / (len(others) + 1)
+        if self.held.get((tier, org), 0) + weight <= share:
+            return True
+        short = sum(max(0, math.ceil(share - self.held.get((tier, o), 0))) for o in others)
+        return free_after >= min(self.policy.fair_headroom, short)
+
+    def _active_orgs(self, tier: str) -> set[str]:
+        """The tier's orgs holding slots, waiting for some, or done within ``recent_s``."""
+        active = {org for (t, org), count in self.held.items() if t == tier and count}
+        active.update(self._orgs[w] for w in self._waiting[tier] if not w.done())
+        cutoff = time.monotonic() - self.policy.recent_s
+        for (t, org), done_at in list(self._last_done.items()):
+            if done_at < cutoff:
+                del self._last_done[(t, org)]
+            elif t == tier:
+                active.add(org)
+        return active
 
     def has_room(self, tier: str, weight: int = 1) -> bool:
         """Whether a request of ``tier`` would get its slots now."""
@@ -105,7 +155,7 @@ class EngineSlots:
         """The slots taken (``weight``, clamped), or None if the request must wait."""
         weight = self._clamp(weight)
         # Behind a waiting request of the same tier, a newcomer queues: the grant decides.
-        if self.waiting(tier) or not self._allowed(tier, weight):
+        if self.waiting(tier) or not self._allowed(tier, weight, org):
             return None
         self._hold(tier, org, weight)
         return weight
@@ -129,6 +179,8 @@ class EngineSlots:
         self._waiting[tier].append(waiter)
         self._weights[waiter] = weight
         self._orgs[waiter] = org
+        # Waiters of other orgs may be held back by the headroom this one may take.
+        self._grant()
         try:
             async with asyncio.timeout(max_wait_s):
                 return await asyncio.shield(waiter)
@@ -149,6 +201,22 @@ class EngineSlots:
 
     def give_back(self, tier: str, taken: int, org: str = "") -> None:
         self._hold(tier, org, -taken)
+        self._last_done[(tier, org)] = time.monotonic()
+        self._grant()
+        if (
+            self.policy.fair_headroom
+            and self._regrant is None
+            and any(self.waiting(t) for t in TIERS)
+        ):
+            # Headroom kept for an org that has gone quiet is handed on once it is no
+            # longer active, not only at the next request's end.
+            with contextlib.suppress(RuntimeError):  # no running loop: nobody waits on it
+                self._regrant = asyncio.get_running_loop().call_later(
+                    self.policy.recent_s, self._regrant_now
+                )
+
+    def _regrant_now(self) -> None:
+        self._regrant = None
         self._grant()
 
     def _next_waiter(self, tier: str) -> asyncio.Future[int] | None:
@@ -172,7 +240,9 @@ class EngineSlots:
             order = TIERS[::-1] if below_floor else TIERS  # TIERS lists fast first
             for tier in order:
                 waiter = self._next_waiter(tier)
-                if waiter is not None and self._allowed(tier, self._weights[waiter]):
+                if waiter is not None and self._allowed(
+                    tier, self._weights[waiter], self._orgs.get(waiter, "")
+                ):
                     self._waiting[tier].remove(waiter)
                     self._hold(tier, self._orgs.get(waiter, ""), self._weights[waiter])
                     waiter.set_result(self._weights[waiter])
@@ -207,5 +277,6 @@ def slot_policies(
                 shared,
                 book.slot_sharing.standard_max_share,
                 book.slot_sharing.standard_min_share,
+                book.slot_sharing.fair_headroom,
             )
     return policies

@@ -51,17 +51,31 @@ def test_every_variant_parses_reasoning() -> None:
         assert importlib.import_module(cpu["reasoning-parser-plugin"])
 
 
-def test_bad_thinking_budgets(tmp_path: Path) -> None:
-    head = "variants: {fast: {}, standard: {}}\nreasoning:\n  thinking_budgets: "
-    for budgets, message in [
-        ("{turbo: 5}", "unknown effort"),
-        ("{none: 5}", "effort none never thinks"),
-        ("{low: 0}", "positive token counts"),
-        ("{low: many}", "positive token counts"),
-    ]:
-        (tmp_path / "v.yaml").write_text(head + budgets + "\n")
-        with pytest.raises(VariantError, match=message):
-            load_variants(tmp_path / "v.yaml")
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ("reasoning: {thinking_budgets: {turbo: 5}}", "unknown effort"),
+        ("reasoning: {thinking_budgets: {none: 5}}", "effort none never thinks"),
+        ("reasoning: {thinking_budgets: {low: 0}}", "positive token counts"),
+        ("reasoning: {thinking_budgets: {low: many}}", "positive token counts"),
+        ("slot_sharing: {fair_headroom: -1}", "fair_headroom must be a whole number"),
+        ("slot_sharing: {fair_headroom: 1.5}", "fair_headroom must be a whole number"),
+        ("slot_sharing: {standard_min_share: 0.9}", "0 <= min <= max <= 1"),
+    ],
+)
+def test_bad_sections_are_refused_naming_the_field(
+    tmp_path: Path, section: str, message: str
+) -> None:
+    (tmp_path / "v.yaml").write_text(f"variants: {{fast: {{}}, standard: {{}}}}\n{section}\n")
+    with pytest.raises(VariantError, match=message):
+        load_variants(tmp_path / "v.yaml")
+
+
+def test_fair_headroom_can_be_turned_off(tmp_path: Path) -> None:
+    (tmp_path / "v.yaml").write_text(
+        "variants: {fast: {}, standard: {}}\nslot_sharing: {fair_headroom: 0}\n"
+    )
+    assert load_variants(tmp_path / "v.yaml").slot_sharing.fair_headroom == 0
 
 
 def test_cli_flags() -> None:

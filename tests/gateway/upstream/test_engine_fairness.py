@@ -1,5 +1,6 @@
 """Orgs share a tier's engine slots fairly: a freed slot goes to the waiting org holding the
-fewest, so one org's tenfold concurrency queues behind itself; alone, an org takes all."""
+fewest, so one org's tenfold concurrency queues behind itself; an org over its share leaves
+headroom for one under its share; alone, an org takes all."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ async def _queued(slots: EngineSlots, org: str, count: int) -> list[asyncio.Task
 
 
 async def test_a_busy_org_queues_behind_itself_not_in_front_of_another() -> None:
-    slots = EngineSlots(SlotPolicy(size=4, shared=False))
+    slots = EngineSlots(SlotPolicy(size=4, shared=False, fair_headroom=0))
     for _ in range(4):
         assert await slots.take("fast", 1, 1, "org-a") == 1
     flood = await _queued(slots, "org-a", 10)
@@ -65,3 +66,36 @@ async def test_the_tier_shares_still_hold_with_orgs() -> None:
         assert slots.try_take("standard", 1, org) == 1
     assert slots.try_take("standard", 1, "org-d") is None  # 0.75 of 4
     assert slots.try_take("fast", 1, "org-d") == 1
+
+
+async def test_an_org_over_its_share_leaves_headroom_for_one_under_it() -> None:
+    slots = EngineSlots(SlotPolicy(size=8, shared=False, fair_headroom=2, recent_s=0.2))
+    assert slots.try_take("fast", 1, "org-b") == 1
+    # org-a (share 4 of 8 with org-b active) takes up to 2 free slots less than it could.
+    assert [slots.try_take("fast", 1, "org-a") for _ in range(6)] == [1] * 5 + [None]
+    flood = await _queued(slots, "org-a", 5)
+    # org-b's next requests start at once, in front of org-a's queue, while under its share.
+    late = await _queued(slots, "org-b", 2)
+    await _turns()
+    assert all(task.done() for task in late) and not any(task.done() for task in flood)
+    assert slots.held == {("fast", "org-a"): 5, ("fast", "org-b"): 3}
+    # org-b goes quiet: within recent_s its headroom is kept, then org-a gets every slot
+    # without waiting for another request to end.
+    for _ in range(3):
+        slots.give_back("fast", 1, "org-b")
+    await _turns()
+    assert [task.done() for task in flood].count(True) == 1  # 6 of 8: 2 kept for org-b
+    await asyncio.sleep(0.4)
+    await _turns()
+    assert [task.done() for task in flood].count(True) == 3
+    assert slots.held == {("fast", "org-a"): 8}
+    for task in flood:
+        task.cancel()
+    await asyncio.gather(*flood, return_exceptions=True)
+
+
+async def test_headroom_is_no_more_than_the_others_are_short() -> None:
+    """org-b holds 3 of its share of 4: one slot is kept for it, not two."""
+    slots = EngineSlots(SlotPolicy(size=8, shared=False, fair_headroom=2))
+    assert [slots.try_take("fast", 1, "org-b") for _ in range(3)] == [1, 1, 1]
+    assert [slots.try_take("fast", 1, "org-a") for _ in range(5)] == [1, 1, 1, 1, None]
