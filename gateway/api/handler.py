@@ -100,7 +100,7 @@ class GenerationHandler:
             except AdmissionRefused as refused:
                 raise refusal_error(refused) from None
         if route.tier == "fast" and principal.fast_overflow:
-            route = self._overflow(parsed, route, shape)
+            route = self._overflow(parsed, route, shape, principal.key.org_id)
             request.scope[TIER] = route.tier
         exchange = self._exchange(request, route, principal, admission, deadline, parsed, shape)
         answer = self._answer(request, endpoint, source, parsed, exchange, shape)
@@ -197,7 +197,9 @@ class GenerationHandler:
             endpoint.assembler(source, context),
         )
 
-    def _overflow(self, parsed: SamplingParams, route: TierRoute, shape: Shape) -> TierRoute:
+    def _overflow(
+        self, parsed: SamplingParams, route: TierRoute, shape: Shape, org: str
+    ) -> TierRoute:
         """The standard route if this fast request overflows, else its own route.
 
         It keeps the body it was admitted with: admission reserved the fast worst case, an
@@ -207,7 +209,7 @@ class GenerationHandler:
         standard = self._router.route(parsed.model, "standard")
         if shape.max_tokens > standard.max_tokens or standard.priority != route.priority:
             return route
-        if not self._relay.overflow_to_standard(shape.prompts * shape.n):
+        if not self._relay.overflow_to_standard(shape.prompts * shape.n, org):
             return route
         return standard
 

@@ -83,7 +83,7 @@ class Relay:
         computed only then)."""
         return self._pools[tier].prefixes is not None
 
-    def overflow_to_standard(self, sequences: int) -> bool:
+    def overflow_to_standard(self, sequences: int, org: str | None = None) -> bool:
         """Whether a fast request of ``sequences``, whose org allows it, goes to the
         standard pool instead (counted if so): every fast engine is full (or down) right
         now and a standard engine has room. Never where the tiers share engines, where
@@ -92,7 +92,7 @@ class Relay:
         fast, standard = self._pools["fast"], self._pools["standard"]
         if {r.url for r in fast.replicas} & {r.url for r in standard.replicas}:
             return False
-        if fast.has_room(sequences) or not standard.has_room(sequences):
+        if fast.has_room(sequences, org) or not standard.has_room(sequences, org):
             return False
         self._overflows.inc()
         return True

@@ -99,53 +99,68 @@ class EngineSlots:
     def waiting(self, tier: str) -> int:
         return sum(not f.done() for f in self._waiting[tier])
 
-    def _allowed(self, tier: str, weight: int, org: str | None = None) -> bool:
-        """Whether ``weight`` slots of ``tier`` may go to ``org`` now (None: any org)."""
+    def _fits(self, tier: str, weight: int) -> int | None:
+        """The room ``tier`` has left once ``weight`` more slots are taken, or None if
+        they do not fit: the batch size, standard's cap, the floor owed to standard."""
         policy = self.policy
         free = policy.size - sum(self.in_flight.values())
         if free < weight:
-            return False
+            return None
         if tier == "standard":
             room = policy.standard_cap - self.in_flight["standard"]
-            if room < weight:
-                return False
-            free = min(free, room)
-        else:
-            owed = policy.standard_floor - self.in_flight["standard"]
-            if owed > 0 and self.waiting("standard") and free - weight < owed:
-                return False
-        return org is None or self._leaves_headroom(tier, org, weight, free - weight)
+            return None if room < weight else min(free, room) - weight
+        owed = policy.standard_floor - self.in_flight["standard"]
+        if owed > 0 and self.waiting("standard") and free - weight < owed:
+            return None
+        return free - weight
 
-    def _leaves_headroom(self, tier: str, org: str, weight: int, free_after: int) -> bool:
+    def _allowed(self, tier: str, weight: int, org: str | None = None) -> bool:
+        """Whether ``weight`` slots of ``tier`` may go to ``org`` now (None: any org)."""
+        left = self._fits(tier, weight)
+        return left is not None and (org is None or self._leaves_headroom(tier, org, weight, left))
+
+    def _leaves_headroom(
+        self, tier: str, org: str, weight: int, free_after: int, active: set[str] | None = None
+    ) -> bool:
         """False when ``org`` would take, over its share, the room kept for orgs under
-        theirs (``fair_headroom`` slots at most, and no more than they are short)."""
+        theirs (``fair_headroom`` slots at most, and no more than they are short);
+        ``active``: the tier's active orgs, where the caller has them."""
         if free_after >= self.policy.fair_headroom:
             return True
-        others = self._active_orgs(tier) - {org}
+        held = self.held.get((tier, org), 0)
+        if not held:
+            return True  # an org's first request: it is under any share
+        others = (self._active_orgs(tier) if active is None else active) - {org}
         if not others:
             return True  # alone: work-conserving
         tier_slots = self.policy.standard_cap if tier == "standard" else self.policy.size
         share = tier_slots / (len(others) + 1)
-        if self.held.get((tier, org), 0) + weight <= share:
+        if held + weight <= share:
             return True
-        short = sum(max(0, math.ceil(share - self.held.get((tier, o), 0))) for o in others)
-        return free_after >= min(self.policy.fair_headroom, short)
+        short = 0  # what the others are short of their shares, counted up to the headroom
+        for other in others:
+            short += max(0, math.ceil(share - self.held.get((tier, other), 0)))
+            if short >= self.policy.fair_headroom:
+                return False
+        return free_after >= short
+
+    def _recently_done(self) -> dict[tuple[str, str], float]:
+        """``_last_done`` less the orgs done more than ``recent_s`` ago (forgotten)."""
+        cutoff = time.monotonic() - self.policy.recent_s
+        for tier_org in [k for k, done_at in self._last_done.items() if done_at < cutoff]:
+            del self._last_done[tier_org]
+        return self._last_done
 
     def _active_orgs(self, tier: str) -> set[str]:
         """The tier's orgs holding slots, waiting for some, or done within ``recent_s``."""
         active = {org for (t, org), count in self.held.items() if t == tier and count}
         active.update(self._orgs[w] for w in self._waiting[tier] if not w.done())
-        cutoff = time.monotonic() - self.policy.recent_s
-        for (t, org), done_at in list(self._last_done.items()):
-            if done_at < cutoff:
-                del self._last_done[(t, org)]
-            elif t == tier:
-                active.add(org)
+        active.update(org for t, org in self._recently_done() if t == tier)
         return active
 
-    def has_room(self, tier: str, weight: int = 1) -> bool:
-        """Whether a request of ``tier`` would get its slots now."""
-        return self._allowed(tier, self._clamp(weight))
+    def has_room(self, tier: str, weight: int = 1, org: str | None = None) -> bool:
+        """Whether a request of ``tier`` (of ``org``, where known) would get its slots now."""
+        return self._allowed(tier, self._clamp(weight), org)
 
     def _clamp(self, weight: int) -> int:
         # A request larger than a tier may ever hold still runs, alone in its share.
@@ -179,8 +194,8 @@ class EngineSlots:
         self._waiting[tier].append(waiter)
         self._weights[waiter] = weight
         self._orgs[waiter] = org
-        # Waiters of other orgs may be held back by the headroom this one may take.
-        self._grant()
+        if sum(self.in_flight.values()) < self.policy.size:
+            self._grant()  # free slots kept as headroom may be this newcomer's
         try:
             async with asyncio.timeout(max_wait_s):
                 return await asyncio.shield(waiter)
@@ -188,12 +203,14 @@ class EngineSlots:
             if waiter.done():  # granted as the wait ran out: keep it
                 return waiter.result()
             waiter.cancel()
+            self._grant()  # it may have been the head of the line
             raise EngineBusy(tier, max_wait_s) from None
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
                 self.give_back(tier, waiter.result(), org)  # granted, but its request is gone
             else:
                 waiter.cancel()
+                self._grant()
             raise
         finally:
             self._weights.pop(waiter, None)
@@ -203,35 +220,6 @@ class EngineSlots:
         self._hold(tier, org, -taken)
         self._last_done[(tier, org)] = time.monotonic()
         self._grant()
-        if (
-            self.policy.fair_headroom
-            and self._regrant is None
-            and any(self.waiting(t) for t in TIERS)
-        ):
-            # Headroom kept for an org that has gone quiet is handed on once it is no
-            # longer active, not only at the next request's end.
-            with contextlib.suppress(RuntimeError):  # no running loop: nobody waits on it
-                self._regrant = asyncio.get_running_loop().call_later(
-                    self.policy.recent_s, self._regrant_now
-                )
-
-    def _regrant_now(self) -> None:
-        self._regrant = None
-        self._grant()
-
-    def _next_waiter(self, tier: str) -> asyncio.Future[int] | None:
-        """The waiter of ``tier`` whose org holds the fewest slots (the earliest of equals)."""
-        queue = self._waiting[tier]
-        while queue and queue[0].done():
-            queue.popleft()  # timed out or cancelled
-        best, fewest = None, 0
-        for waiter in queue:
-            if waiter.done():
-                continue
-            held = self.held.get((tier, self._orgs.get(waiter, "")), 0)
-            if best is None or held < fewest:
-                best, fewest = waiter, held
-        return best
 
     def _grant(self) -> None:
         """Hand free slots to waiters: standard first while below its floor, then fast."""
@@ -239,16 +227,62 @@ class EngineSlots:
             below_floor = self.in_flight["standard"] < self.policy.standard_floor
             order = TIERS[::-1] if below_floor else TIERS  # TIERS lists fast first
             for tier in order:
-                waiter = self._next_waiter(tier)
-                if waiter is not None and self._allowed(
-                    tier, self._weights[waiter], self._orgs.get(waiter, "")
-                ):
+                waiter = self._grantable(tier)
+                if waiter is not None:
                     self._waiting[tier].remove(waiter)
                     self._hold(tier, self._orgs.get(waiter, ""), self._weights[waiter])
                     waiter.set_result(self._weights[waiter])
                     break
             else:
+                self._arm_regrant()
                 return
+
+    def _grantable(self, tier: str) -> asyncio.Future[int] | None:
+        """The waiter of ``tier`` to get its slots now, if any: the earliest of the org
+        holding the fewest. If its slots do not fit, nobody overtakes it; if only the
+        headroom kept for other orgs holds it back, the next org's earliest may go."""
+        queue = self._waiting[tier]
+        while queue and queue[0].done():
+            queue.popleft()  # timed out or cancelled
+        earliest: dict[str, asyncio.Future[int]] = {}
+        for waiter in queue:
+            if not waiter.done():
+                earliest.setdefault(self._orgs.get(waiter, ""), waiter)
+        # Sorting is stable: between equal holdings, the org whose request came first.
+        in_turn = sorted(earliest.items(), key=lambda item: self.held.get((tier, item[0]), 0))
+        active: set[str] | None = None
+        for org, waiter in in_turn:
+            weight = self._weights[waiter]
+            left = self._fits(tier, weight)
+            if left is None:
+                return None
+            if left < self.policy.fair_headroom and active is None:
+                active = self._active_orgs(tier)
+            if self._leaves_headroom(tier, org, weight, left, active):
+                return waiter
+        return None
+
+    def _arm_regrant(self) -> None:
+        """Headroom kept for orgs that went quiet is handed on once they no longer count
+        as active (``recent_s`` after their last request ended), not only at the next
+        request's end: a timer, while requests wait beside free slots."""
+        if (
+            not self.policy.fair_headroom
+            or self._regrant is not None
+            or sum(self.in_flight.values()) >= self.policy.size
+            or not any(self.waiting(t) for t in TIERS)
+            or not self._recently_done()
+        ):
+            return
+        delay = min(self._last_done.values()) + self.policy.recent_s - time.monotonic()
+        with contextlib.suppress(RuntimeError):  # no running loop: nobody waits on it
+            self._regrant = asyncio.get_running_loop().call_later(
+                max(delay, 0.001), self._regrant_now
+            )
+
+    def _regrant_now(self) -> None:
+        self._regrant = None
+        self._grant()
 
 
 def share(total: int, worker: int, workers: int) -> int:

@@ -130,7 +130,7 @@ class UpstreamPool:
         self._errors[kind].inc()
 
     def pick(
-        self, exclude: set[Replica], turn: int, key: PrefixKey | None = None
+        self, exclude: set[Replica], turn: int, key: PrefixKey | None = None, org: str | None = None
     ) -> Replica | None:
         """The replica for a request (``key``: its prompt prefix, for prefix routing).
 
@@ -147,28 +147,34 @@ class UpstreamPool:
             return None
         start = turn % len(candidates)
         rotated = candidates[start:] + candidates[:start]
+
+        # ``org``'s view: a replica whose free slots are headroom kept for other orgs is
+        # full to it (``EngineSlots``).
+        def full(replica: Replica) -> bool:
+            return self._full(replica, 1, org)
+
+        def load(replica: Replica) -> int:
+            # A full engine counts as busier than any slack: the request would only queue.
+            return replica.outstanding + (1 << 20 if full(replica) else 0)
+
+        def least_loaded(candidates: Sequence[Replica]) -> Replica:
+            return min(candidates, key=lambda replica: (full(replica), replica.outstanding))
+
         if self.routing == "round_robin":
-            return min(rotated, key=self._full)  # the first in turn that has room
+            return min(rotated, key=full)  # the first in turn that has room
         if self.prefixes is not None and key is not None and len(rotated) > 1:
-            return self.prefixes.pick(key, rotated, self._load, self._least_loaded)
-        return self._least_loaded(rotated)
+            return self.prefixes.pick(key, rotated, load, least_loaded)
+        return least_loaded(rotated)
 
-    def _load(self, replica: Replica) -> int:
-        # A full engine counts as busier than any slack: the request would only queue there.
-        return replica.outstanding + (1 << 20 if self._full(replica) else 0)
+    def has_room(self, sequences: int = 1, org: str | None = None) -> bool:
+        """Whether a request of ``sequences`` (of ``org``, where known) would get slots at
+        once on a healthy replica (always, on a replica without a slot limit)."""
+        return any(r.healthy and not self._full(r, sequences, org) for r in self.replicas)
 
-    def _least_loaded(self, candidates: Sequence[Replica]) -> Replica:
-        return min(candidates, key=lambda replica: (self._full(replica), replica.outstanding))
-
-    def has_room(self, sequences: int = 1) -> bool:
-        """Whether a request of ``sequences`` would get slots at once on a healthy replica
-        (always, on a replica without a slot limit)."""
-        return any(r.healthy and not self._full(r, sequences) for r in self.replicas)
-
-    def _full(self, replica: Replica, sequences: int = 1) -> bool:
+    def _full(self, replica: Replica, sequences: int = 1, org: str | None = None) -> bool:
         slots = replica.slots
         return slots is not None and (
-            slots.waiting(self.tier) > 0 or not slots.has_room(self.tier, sequences)
+            slots.waiting(self.tier) > 0 or not slots.has_room(self.tier, sequences, org)
         )
 
     async def open(
@@ -191,7 +197,7 @@ class UpstreamPool:
         last_error = "no upstream replica configured"
         turn = next(self._rotation)
         for attempt in range(2):
-            replica = self.pick(tried, turn, key)
+            replica = self.pick(tried, turn, key, org)
             if replica is None:
                 break
             if attempt or avoid is not None:

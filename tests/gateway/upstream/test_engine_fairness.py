@@ -99,3 +99,45 @@ async def test_headroom_is_no_more_than_the_others_are_short() -> None:
     slots = EngineSlots(SlotPolicy(size=8, shared=False, fair_headroom=2))
     assert [slots.try_take("fast", 1, "org-b") for _ in range(3)] == [1, 1, 1]
     assert [slots.try_take("fast", 1, "org-a") for _ in range(5)] == [1, 1, 1, 1, None]
+
+
+async def test_an_org_holding_nothing_is_never_held_back() -> None:
+    """Even for a request larger than its share (7 sequences of 8, org-b recently done)."""
+    slots = EngineSlots(SlotPolicy(size=8, shared=False, fair_headroom=2))
+    slots.give_back("fast", slots.try_take("fast", 1, "org-b") or 0, "org-b")
+    assert await slots.take("fast", 1, 7, "org-a") == 7
+
+
+async def test_a_held_back_waiter_lets_another_orgs_waiter_go_first() -> None:
+    slots = EngineSlots(SlotPolicy(size=8, shared=False, fair_headroom=2))
+    assert slots.try_take("fast", 1, "org-b") == 1
+    assert slots.try_take("fast", 5, "org-a") == 5
+    [a_more] = await _queued(slots, "org-a", 1)  # over its share: 2 slots kept for org-b
+    [b_more] = await _queued(slots, "org-b", 1)
+    await _turns()
+    assert b_more.done() and not a_more.done()
+    a_more.cancel()
+    await asyncio.gather(a_more, return_exceptions=True)
+
+
+async def test_headroom_is_handed_on_once_the_last_quiet_org_is_no_longer_active() -> None:
+    """The re-grant timer follows the latest end: org-b's second request ends after the
+    timer was set for its first."""
+    slots = EngineSlots(SlotPolicy(size=8, shared=False, fair_headroom=2, recent_s=0.2))
+    assert slots.try_take("fast", 6, "org-a") == 6
+    assert [slots.try_take("fast", 1, "org-b") for _ in range(2)] == [1, 1]
+    [a_more] = await _queued(slots, "org-a", 1)
+    slots.give_back("fast", 1, "org-b")
+    await asyncio.sleep(0.1)
+    slots.give_back("fast", 1, "org-b")
+    await asyncio.sleep(0.5)
+    await _turns()
+    assert a_more.done() and slots.held == {("fast", "org-a"): 7}
+
+
+async def test_room_kept_as_headroom_is_no_room_to_the_org_over_its_share() -> None:
+    slots = EngineSlots(SlotPolicy(size=8, shared=False, fair_headroom=2))
+    assert slots.try_take("fast", 1, "org-b") == 1
+    assert slots.try_take("fast", 5, "org-a") == 5
+    assert not slots.has_room("fast", 1, "org-a")
+    assert slots.has_room("fast", 1, "org-b") and slots.has_room("fast", 1)
