@@ -98,6 +98,26 @@ class UsageTally:
         }
 
 
+#: Characters JSON keeps raw inside strings but that line readers other than SSE's break
+#: lines at: Python's ``str.splitlines`` (httpx's ``aiter_lines``, so a client reading a
+#: stream with it got half an event when a token decoded to one) and JavaScript before
+#: ES2019. Their UTF-8 bytes occur nowhere else, so they are escaped byte for byte.
+_LINE_BREAKS_JSON_KEEPS = (
+    (b"\xe2\x80\xa8", b"\\u2028"),
+    (b"\xe2\x80\xa9", b"\\u2029"),
+    (b"\xc2\x85", b"\\u0085"),
+)
+
+
+def event_json(value: object) -> bytes:
+    """``value`` as the JSON of one ``data:`` line: one line to any line reader."""
+    data = pydantic_core.to_json(value)
+    for raw, escaped in _LINE_BREAKS_JSON_KEEPS:
+        if raw in data:
+            data = data.replace(raw, escaped)
+    return data
+
+
 def split_events(buffer: bytes) -> tuple[list[bytes], bytes]:
     """Complete SSE events in ``buffer`` (without their blank line), and the rest."""
     events = buffer.split(b"\n\n")
@@ -227,7 +247,7 @@ class StreamRewriter:
             rename_reasoning(choices)
         data["model"] = self.public_model
         data["service_tier"] = self.service_tier
-        return b"data: " + pydantic_core.to_json(data) + b"\n\n"
+        return b"data: " + event_json(data) + b"\n\n"
 
 
 def upstream_error_event(error: object) -> bytes:
@@ -243,10 +263,10 @@ def upstream_error_event(error: object) -> bytes:
             "code": None if code is None else str(code),
         }
     }
-    return b"data: " + pydantic_core.to_json(body) + b"\n\n"
+    return b"data: " + event_json(body) + b"\n\n"
 
 
 def error_event(message: str, code: str) -> bytes:
     """An in-stream error in the shape the openai SDK raises ``APIError`` for."""
     body = {"error": {"message": message, "type": "server_error", "param": None, "code": code}}
-    return b"data: " + pydantic_core.to_json(body) + b"\n\n"
+    return b"data: " + event_json(body) + b"\n\n"

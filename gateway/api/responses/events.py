@@ -31,7 +31,14 @@ from gateway.api.responses.output import (
     skeleton,
 )
 from gateway.api.responses.protocol import ResponsesRequest
-from gateway.api.stream import COST_FIELD, UsageCost, UsageTally, event_payload, split_events
+from gateway.api.stream import (
+    COST_FIELD,
+    UsageCost,
+    UsageTally,
+    event_json,
+    event_payload,
+    split_events,
+)
 from serving.vocabulary import ANSWER_SERVICE_TIERS, Tier
 
 #: Per text-bearing item kind: its content part, and the prefix of its text events.
@@ -125,7 +132,7 @@ class ResponseEventWriter:
     def _event(self, kind: str, **fields: Any) -> bytes:
         body = {"type": kind, "sequence_number": self._sequence, **fields}
         self._sequence += 1
-        return b"event: " + kind.encode() + b"\ndata: " + pydantic_core.to_json(body) + b"\n\n"
+        return b"event: " + kind.encode() + b"\ndata: " + event_json(body) + b"\n\n"
 
     def _snapshot(self, status: str, **fields: Any) -> dict[str, Any]:
         self._flush()

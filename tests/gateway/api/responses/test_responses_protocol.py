@@ -318,3 +318,16 @@ def test_an_error_before_anything_was_sent_still_opens_the_response() -> None:
     blocks = writer.error_event("reached the maximum duration", "max_duration_exceeded")
     types = [EVENTS.validate_json(b.split(b"data: ")[1]).type for b in blocks.split(b"\n\n")[:-1]]
     assert types == ["response.created", "response.in_progress", "response.failed"]
+
+
+def test_a_delta_with_characters_line_readers_break_at_stays_one_line() -> None:
+    """JSON keeps U+2028 and U+0085 raw; str.splitlines (httpx's aiter_lines) breaks there."""
+    tricky = "a\u2028b\u0085c"
+    writer = ResponseEventWriter(request(input="x"), REQUEST_ID, 1, "composer-2.5", "fast")
+    upstream = chunk(completion_tokens=0).replace(b'"choices": []', b'"choices": [{"index": 0, '
+        b'"delta": {"content": "' + tricky.encode() + b'"}, "finish_reason": null}]')  # fmt: skip
+    sent = b"".join(writer.feed(upstream)).decode()
+    lines = [line for line in sent.splitlines() if line]
+    assert lines and all(line.startswith(("event: ", "data: ")) for line in lines)
+    data = [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
+    assert [d["delta"] for d in data if d["type"] == "response.output_text.delta"] == [tricky]
