@@ -28,6 +28,9 @@ class Variant:
     engine_args: dict[str, Any]
     #: vLLM request priority per tier, only for an engine shared by several tiers.
     tier_priority: dict[str, int] = field(default_factory=dict)
+    #: Output tokens per streamed chunk per tier (vLLM's ``stream_interval``; 1 when
+    #: absent), only for an engine shared by several tiers.
+    tier_stream_interval: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,9 @@ def load_variants(path: Path) -> VariantBook:
             description=str(spec.get("description", "")),
             engine_args=dict(spec.get("engine_args") or {}),
             tier_priority={k: int(v) for k, v in (spec.get("tier_priority") or {}).items()},
+            tier_stream_interval={
+                k: int(v) for k, v in (spec.get("tier_stream_interval") or {}).items()
+            },
         )
         for name, spec in raw["variants"].items()
     }

@@ -89,6 +89,8 @@ def shape_request(
     body["model"] = route.served_model
     if route.priority is not None:
         body["priority"] = route.priority
+    if route.stream_interval and body.get("stream"):
+        body["stream_interval"] = route.stream_interval
     if isinstance(parsed, ChatCompletionRequest):
         if len(parsed.messages) > settings.max_messages:
             raise bad_request(

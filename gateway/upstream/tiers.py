@@ -37,6 +37,8 @@ class TierRoute:
     #: ``reasoning_effort`` -> vLLM's ``thinking_token_budget``; an effort not here does
     #: not think (serving/variants.yaml's ``reasoning``). Not hashed: a dict cannot be.
     thinking_budgets: Mapping[str, int] = field(default_factory=dict, hash=False)
+    #: Output tokens per streamed chunk (vLLM's ``stream_interval``); None: every token.
+    stream_interval: int | None = None
 
 
 class TierRouter:
@@ -46,6 +48,7 @@ class TierRouter:
         priorities: dict[str, int] | None,
         max_tokens: dict[str, int],
         thinking_budgets: Mapping[str, int] | None = None,
+        stream_intervals: Mapping[str, int] | None = None,
     ) -> None:
         self._routes = {
             (model, tier): TierRoute(
@@ -55,6 +58,7 @@ class TierRouter:
                 priority=None if priorities is None else priorities.get(tier, 0),
                 max_tokens=max_tokens[tier],
                 thinking_budgets=dict(thinking_budgets or {}),
+                stream_interval=(stream_intervals or {}).get(tier),
             )
             for model in PUBLIC_MODELS
             for tier in TIERS
@@ -71,12 +75,14 @@ class TierRouter:
             share = bool(
                 set(settings.upstreams_for("fast")) & set(settings.upstreams_for("standard"))
             )
-        priorities = book.variant("shared").tier_priority if share else None
+        shared = book.variant("shared")
+        priorities = shared.tier_priority if share else None
         return cls(
             served_model=settings.served_model_name or book.served_model_name,
             priorities=priorities,
             max_tokens={tier: settings.max_tokens_for(tier) for tier in TIERS},
             thinking_budgets=book.thinking_budgets,
+            stream_intervals=shared.tier_stream_interval if share else None,
         )
 
     def route(self, model: str, tier: Tier) -> TierRoute:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from pydantic import ValidationError
 
+from gateway.api.protocol import ChatCompletionRequest
+from gateway.api.shaping import shape_request
 from gateway.errors import GatewayError
 from gateway.settings import GatewaySettings
 from gateway.upstream.tiers import TierRouter
@@ -52,3 +56,30 @@ def test_upstream_urls_must_be_http_origins() -> None:
         GatewaySettings(upstream_url="http://engine:8000/v1")
     with pytest.raises(ValidationError, match="not an http://host"):
         GatewaySettings(fast_upstream_urls="https://fast:443")  # type: ignore[arg-type]
+
+
+def test_standard_streams_in_chunks_on_a_shared_engine_only() -> None:
+    chunked = load_variants(ServingSettings().variants_file).variant("shared")
+    assert chunked.tier_stream_interval == {"standard": 8}
+    settings = GatewaySettings(upstream_url="http://engine:8000")
+    router = TierRouter.from_settings(settings)
+    messages = [{"role": "user", "content": "hi"}]
+
+    def upstream_body(tier: str, stream: bool) -> dict[str, object]:
+        parsed = ChatCompletionRequest.model_validate(
+            {"model": f"composer-2.5-{tier}", "messages": messages, "stream": stream}
+        )
+        route = router.resolve(parsed.model, None)
+        shape = shape_request(parsed, route, 100, settings, None)
+        return dict(json.loads(shape.upstream_body))
+
+    assert upstream_body("standard", stream=True)["stream_interval"] == 8
+    assert "stream_interval" not in upstream_body("standard", stream=False)
+    assert "stream_interval" not in upstream_body("fast", stream=True)
+    split = TierRouter.from_settings(
+        GatewaySettings(
+            fast_upstream_urls="http://fast:8000",  # type: ignore[arg-type]
+            standard_upstream_urls="http://standard:8000",  # type: ignore[arg-type]
+        )
+    )
+    assert split.resolve("composer-2.5-standard", None).stream_interval is None
