@@ -30,9 +30,9 @@ from tiers import quantile, stream_once
 async def closed_loop(
     url: str, key: str, clients: int, tokens: int, seconds: float
 ) -> tuple[list[float], int, int]:
-    """(TTFTs, streamed chunks, errors) of ``clients`` closed-loop streams for ``seconds``."""
+    """(TTFTs, streamed tokens, errors) of ``clients`` closed-loop streams for ``seconds``."""
     ttfts: list[float] = []
-    counts = {"chunks": 0, "errors": 0}
+    counts = {"tokens": 0, "errors": 0}
     deadline = time.perf_counter() + seconds
     limits = httpx.Limits(max_connections=clients + 2)
     headers = {"authorization": f"Bearer {key}"}
@@ -43,16 +43,18 @@ async def closed_loop(
         async def one() -> None:
             while time.perf_counter() < deadline:
                 try:
-                    ttft, _, chunks = await stream_once(client, "fast", tokens)
-                except (RuntimeError, httpx.HTTPError):
+                    ttft, _, streamed = await stream_once(client, "fast", tokens)
+                except (RuntimeError, httpx.HTTPError) as exc:
+                    if not counts["errors"]:
+                        print(f"first error: {exc!r}", flush=True)
                     counts["errors"] += 1
                     await asyncio.sleep(0.2)
                     continue
                 ttfts.append(ttft)
-                counts["chunks"] += chunks
+                counts["tokens"] += streamed
 
         await asyncio.gather(*(one() for _ in range(clients)))
-    return ttfts, counts["chunks"], counts["errors"]
+    return ttfts, counts["tokens"], counts["errors"]
 
 
 def org_load(
@@ -110,16 +112,16 @@ async def run(args: argparse.Namespace) -> None:
                     for org in ("org-a", "org-b")
                 ))  # fmt: skip
                 print(f"| org A's clients (org B: {args.b_clients}) | B TTFT p50 ms "
-                      "| B TTFT p99 ms | total chunks/s | errors |")  # fmt: skip
+                      "| B TTFT p99 ms | total tokens/s | errors |")  # fmt: skip
                 print("| --- | --- | --- | --- | --- |")
                 p99 = {}
                 for a_clients in (args.b_clients, args.b_clients * 10):
-                    ttfts, chunks, errors = await scenario(orgs, gateway.url, keys, a_clients, args)
+                    ttfts, tokens, errors = await scenario(orgs, gateway.url, keys, a_clients, args)
                     ms = [t * 1000 for t in ttfts]
                     p99[a_clients] = quantile(ms, 0.99)
                     print(
                         f"| {a_clients} | {quantile(ms, 0.5):.0f} | {p99[a_clients]:.0f} "
-                        f"| {chunks / args.seconds:.0f} | {errors} |",
+                        f"| {tokens / args.seconds:.0f} | {errors} |",
                         flush=True,
                     )
                 orgs.shutdown()
