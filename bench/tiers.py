@@ -7,7 +7,9 @@ authenticated Valkey, `cstack gateway` with billing on) and measures, through th
 
 1. fast alone: time to first token (TTFT) and inter-token latency (ITL) of a sequential
    probe;
-2. the fast probe while standard load at twice the engine's batch size runs (closed loop);
+2. the fast probe while standard load at twice the engine's batch size runs (closed loop,
+   from a process of its own: in the probe's event loop, the load's streams would delay the
+   reading of the probe's first token and the benchmark would measure its own client);
 3. a standard probe while fast load saturates the engine;
 4. goodput per tier (completion tokens/s) during 2 and 3.
 
@@ -28,11 +30,13 @@ import asyncio
 import contextlib
 import itertools
 import json
+import multiprocessing
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
@@ -134,31 +138,72 @@ async def load(
             await asyncio.sleep(0.5)
 
 
+def load_process(
+    url: str, key: str, tier: str, args: argparse.Namespace, counts: Any, stop: Any
+) -> None:
+    """``args.load_clients`` closed-loop streams of ``tier`` until ``stop`` is set, in a
+    process of their own (a customer's load does not share the probe's event loop: there
+    it would delay the reading of the probe's first token). ``counts``: tokens, errors."""
+
+    async def main() -> None:
+        result = Load()
+        limits = httpx.Limits(max_connections=args.load_clients + 4)
+        headers = {"authorization": f"Bearer {key}"}
+        async with httpx.AsyncClient(
+            base_url=url, headers=headers, timeout=300, limits=limits
+        ) as client:
+            tasks = [
+                asyncio.create_task(load(client, tier, args, result))
+                for _ in range(args.load_clients)
+            ]
+            while not stop.is_set():
+                counts[0], counts[1] = result.tokens, result.errors
+                await asyncio.sleep(0.05)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    asyncio.run(main())
+
+
+@contextlib.contextmanager
+def background_load(
+    url: str, key: str, tier: str | None, args: argparse.Namespace
+) -> Iterator[Callable[[], Load]]:
+    """The loading tier's clients in a spawned process while the block runs; yields a
+    function returning the tokens and errors so far (nothing when ``tier`` is None)."""
+    if tier is None:
+        yield Load
+        return
+    context = multiprocessing.get_context("spawn")
+    counts, stop = context.Array("q", 2, lock=False), context.Event()
+    worker = context.Process(
+        target=load_process, args=(url, key, tier, args, counts, stop), daemon=True
+    )
+    worker.start()
+    try:
+        yield lambda: Load(counts[0], counts[1])
+    finally:
+        stop.set()
+        worker.join(10)
+        if worker.is_alive():
+            worker.kill()
+
+
 async def scenario(
     url: str, key: str, probe_tier: str, load_tier: str | None, args: argparse.Namespace
 ) -> tuple[Probe, Load, float]:
     headers = {"authorization": f"Bearer {key}"}
-    limits = httpx.Limits(max_connections=args.load_clients + 4)
-    async with httpx.AsyncClient(
-        base_url=url, headers=headers, timeout=300, limits=limits
-    ) as client:
-        background = Load()
-        tasks = []
+    with background_load(url, key, load_tier, args) as so_far:
         if load_tier is not None:
-            tasks = [
-                asyncio.create_task(load(client, load_tier, args, background))
-                for _ in range(args.load_clients)
-            ]
             await asyncio.sleep(args.warmup_s)  # the engine fills up
-        measured = Probe()
-        started, before = time.perf_counter(), background.tokens
-        await probe(client, probe_tier, args, measured)
-        elapsed = time.perf_counter() - started
-        goodput = Load(background.tokens - before, background.errors)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    return measured, goodput, elapsed
+        async with httpx.AsyncClient(base_url=url, headers=headers, timeout=300) as client:
+            measured = Probe()
+            started, before = time.perf_counter(), so_far()
+            await probe(client, probe_tier, args, measured)
+            elapsed = time.perf_counter() - started
+            after = so_far()
+    return measured, Load(after.tokens - before.tokens, after.errors), elapsed
 
 
 @contextlib.contextmanager
@@ -254,7 +299,9 @@ async def sweep(url: str, key: str, args: argparse.Namespace, label: str) -> str
     under each fast load, for each prompt: prints a table row each; returns the worst."""
     worst_ratio, worst_standard = 0.0, 0.0
     for prompt_name, messages in SWEEP_PROMPTS.items():
-        point = argparse.Namespace(**{**vars(args), "messages": messages, "probe_tokens": 32})
+        point = argparse.Namespace(
+            **{**vars(args), "messages": messages, "probe_tokens": 32, "probes": args.sweep_probes}
+        )
         alone, _, _ = await scenario(url, key, "fast", None, point)
         alone_p50 = quantile(alone.ttft_s, 0.5)
         for tokens, clients in itertools.product(SWEEP_LOAD_TOKENS, SWEEP_LOAD_CLIENTS):
@@ -286,6 +333,9 @@ def main() -> None:
     )
     parser.add_argument("--load-tokens", type=int, default=256, help="max_tokens of the load")
     parser.add_argument("--probe-tokens", type=int, default=16, help="max_tokens of a probe")
+    parser.add_argument(
+        "--sweep-probes", type=int, default=24, help="probe requests per workload of the sweep"
+    )
     parser.add_argument("--warmup-s", type=float, default=5.0, help="load before probing")
     parser.add_argument(
         "--no-sweep", action="store_true", help="skip the workload sweep (admission on)"
