@@ -4,10 +4,12 @@ and killable forwarding processes that stand in for extra upstream replicas."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
+import yaml
 
 from billing.contract import (
     BillingAccounts,
@@ -18,6 +20,7 @@ from billing.contract import (
 )
 from gateway.settings import GatewaySettings
 from serving.process import free_port
+from serving.settings import DEFAULT_VARIANTS_FILE
 from tests.support.fakes.replica import Forwarder
 from tests.support.gateway import ADMIN_TOKEN, GatewayServer, RecordingMeter, create_key
 
@@ -97,3 +100,28 @@ def forwarders(vllm_url: str) -> Iterator[Callable[..., Forwarder]]:
     for forwarder in started:
         if forwarder.process.poll() is None:
             forwarder.kill()
+
+
+@pytest.fixture
+def stalled_gateway(
+    start_gateway: Callable[..., GatewayServer],
+    forwarders: Callable[..., Forwarder],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Callable[..., GatewayServer]:
+    """A gateway with the cpu profile's engine slots (8 on the shared engine, 6 of them for
+    standard) in front of real vLLM through an upstream that stalls each stream after its
+    head, so a stream holds its slot until its client closes it (``held_stream``). Keyword
+    arguments override ``slot_sharing`` in the variants."""
+
+    def start(**slot_sharing: Any) -> GatewayServer:
+        if slot_sharing:
+            raw = yaml.safe_load(DEFAULT_VARIANTS_FILE.read_text())
+            raw["slot_sharing"].update(slot_sharing)
+            variants = tmp_path / "variants.yaml"
+            variants.write_text(yaml.safe_dump(raw))
+            monkeypatch.setenv("CSTACK_VARIANTS_FILE", str(variants))
+        monkeypatch.setenv("CSTACK_SERVING_PROFILE", "cpu")
+        return start_gateway(upstream_url=forwarders(stall_after=2000).url)
+
+    return start

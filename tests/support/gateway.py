@@ -4,8 +4,11 @@ Redis, `cstack keys` in-process, a meter that records what it was told, metric r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+from collections.abc import Iterator
 
+import httpx
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
@@ -145,3 +148,23 @@ def metric_value(metrics_text: str, name: str, **labels: str) -> float:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 return float(sample.value)
     return 0.0
+
+
+def slot_holding_body(model: str = "composer-2.5-fast") -> dict[str, object]:
+    """A streamed completion long enough to hold its engine slot for as long as a test needs."""
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": "Count to a thousand."}],
+        "max_tokens": 1500,
+        "stream": True,
+        "ignore_eos": True,
+    }
+
+
+@contextlib.contextmanager
+def held_stream(client: httpx.Client, model: str = "composer-2.5-fast") -> Iterator[httpx.Response]:
+    """A stream whose response head has arrived: behind a stalled upstream it holds its
+    engine slot until the block ends."""
+    with client.stream("POST", "/v1/chat/completions", json=slot_holding_body(model)) as response:
+        assert response.status_code == 200, response.read()
+        yield response

@@ -4,18 +4,16 @@ client sees when its tier's engines stay full."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
-from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 
 from gateway.upstream.engine_slots import EngineBusy, EngineSlots, SlotPolicy, slot_policies
 from serving.settings import DEFAULT_VARIANTS_FILE
 from serving.variants import load_variants
-from tests.support.fakes.replica import Forwarder
-from tests.support.gateway import GatewayServer
+from tests.support.gateway import GatewayServer, held_stream, slot_holding_body
 
 SHARED = SlotPolicy(size=8, shared=True, standard_max_share=0.75, standard_min_share=0.25)
 
@@ -97,51 +95,26 @@ def test_policies_follow_the_variants() -> None:
 
 
 def test_a_full_tier_answers_503_with_retry_after_and_fast_still_gets_in(
-    start_gateway: Callable[..., GatewayServer],
-    forwarders: Callable[..., Forwarder],
-    api_key: str,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    stalled_gateway: Callable[..., GatewayServer], api_key: str
 ) -> None:
-    raw = yaml.safe_load(DEFAULT_VARIANTS_FILE.read_text())
-    raw["slot_sharing"]["max_queue_wait_s"] = {"fast": 30, "standard": 1}
-    variants = tmp_path / "variants.yaml"
-    variants.write_text(yaml.safe_dump(raw))
-    monkeypatch.setenv("CSTACK_VARIANTS_FILE", str(variants))
-    monkeypatch.setenv("CSTACK_SERVING_PROFILE", "cpu")  # 8 slots, 6 for standard
-    stalled = forwarders(stall_after=2000)  # streams stay open, holding their slots
-    gateway = start_gateway(upstream_url=stalled.url)
+    # 8 slots, 6 for standard; streams hold theirs.
+    gateway = stalled_gateway(max_queue_wait_s={"fast": 30, "standard": 1})
     headers = {"authorization": f"Bearer {api_key}"}
 
-    def body(model: str) -> dict[str, object]:
-        return {
-            "model": model,
-            "messages": [{"role": "user", "content": "Count to a thousand."}],
-            "max_tokens": 1500,
-            "stream": True,
-            "ignore_eos": True,
-        }
-
-    with httpx.Client(base_url=gateway.url, headers=headers, timeout=60) as client:
-        held = []
-        try:
-            for _ in range(6):
-                stream = client.stream(
-                    "POST", "/v1/chat/completions", json=body("composer-2.5-standard")
-                )
-                response = stream.__enter__()
-                assert response.status_code == 200
-                held.append(stream)
-            full = client.post("/v1/chat/completions", json=body("composer-2.5-standard"))
-            assert full.status_code == 503
-            assert full.headers["retry-after"] == "1"
-            assert full.json()["error"]["code"] == "engine_overloaded"
-            # The slots standard may not take are there for fast.
-            fast = client.post(
-                "/v1/chat/completions", json={**body("composer-2.5-fast"), "stream": False,
-                                              "max_tokens": 1}
-            )  # fmt: skip
-            assert fast.status_code == 200, fast.text
-        finally:
-            for stream in held:
-                stream.__exit__(None, None, None)
+    with (
+        httpx.Client(base_url=gateway.url, headers=headers, timeout=60) as client,
+        contextlib.ExitStack() as held,
+    ):
+        for _ in range(6):
+            held.enter_context(held_stream(client, "composer-2.5-standard"))
+        standard = slot_holding_body("composer-2.5-standard")
+        full = client.post("/v1/chat/completions", json=standard)
+        assert full.status_code == 503
+        assert full.headers["retry-after"] == "1"
+        assert full.json()["error"]["code"] == "engine_overloaded"
+        # The slots standard may not take are there for fast.
+        fast = client.post(
+            "/v1/chat/completions",
+            json={**slot_holding_body("composer-2.5-fast"), "stream": False, "max_tokens": 1},
+        )
+        assert fast.status_code == 200, fast.text

@@ -6,48 +6,24 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import httpx
 import pytest
 import yaml
 
 from serving.settings import DEFAULT_VARIANTS_FILE
-from tests.support.fakes.replica import Forwarder
-from tests.support.gateway import GatewayServer, create_key
+from tests.support.gateway import GatewayServer, create_key, held_stream
 
 pytestmark = pytest.mark.vllm
 
-BODY = {
-    "model": "composer-2.5-fast",
-    "messages": [{"role": "user", "content": "Count to a thousand."}],
-    "max_tokens": 1500,
-    "stream": True,
-    "ignore_eos": True,
-}
-
-
-@contextlib.contextmanager
-def held_stream(client: httpx.Client) -> Iterator[httpx.Response]:
-    """A stream whose response head has arrived: it holds its engine slot until closed."""
-    with client.stream("POST", "/v1/chat/completions", json=BODY) as response:
-        assert response.status_code == 200, response.read()
-        yield response
-
 
 def test_an_org_under_its_share_gets_the_headroom_before_the_busy_orgs_queue(
-    start_gateway: Callable[..., GatewayServer],
-    forwarders: Callable[..., Forwarder],
-    redis_url: str,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    stalled_gateway: Callable[..., GatewayServer], redis_url: str
 ) -> None:
     raw = yaml.safe_load(DEFAULT_VARIANTS_FILE.read_text())
     assert raw["slot_sharing"]["fair_headroom"] == 2  # the default this test is about
-    monkeypatch.setenv("CSTACK_SERVING_PROFILE", "cpu")  # 8 slots on the shared engine
-    stalled = forwarders(stall_after=2000)  # streams stay open, holding their slots
-    gateway = start_gateway(upstream_url=stalled.url)
+    gateway = stalled_gateway()  # 8 slots on the shared engine; streams hold theirs
     keys = {org: create_key(redis_url, org)[0] for org in ("fair-org-a", "fair-org-b")}
 
     def client(org: str) -> httpx.Client:
