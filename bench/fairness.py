@@ -82,21 +82,13 @@ async def scenario(
     args: argparse.Namespace,
 ) -> tuple[list[float], int, int]:
     loop = asyncio.get_running_loop()
-    a, b = await asyncio.gather(
-        loop.run_in_executor(
-            orgs, org_load, url, keys["org-a"], a_clients, args.tokens, args.seconds, args.warmup_s
-        ),
-        loop.run_in_executor(
-            orgs,
-            org_load,
-            url,
-            keys["org-b"],
-            args.b_clients,
-            args.tokens,
-            args.seconds,
-            args.warmup_s,
-        ),
-    )
+
+    def org(key: str, clients: int) -> asyncio.Future[tuple[list[float], int, int]]:
+        return loop.run_in_executor(
+            orgs, org_load, url, key, clients, args.tokens, args.seconds, args.warmup_s
+        )
+
+    a, b = await asyncio.gather(org(keys["org-a"], a_clients), org(keys["org-b"], args.b_clients))
     return b[0], a[1] + b[1], a[2] + b[2]
 
 
