@@ -2,7 +2,9 @@
 most ``max_header_bytes`` and ``max_headers`` fields (else 431), the whole head within
 ``header_timeout_s`` of the connection's first byte or of the previous response
 (slow-loris clients are dropped), and the whole body within ``body_timeout_s`` of the head
-(then the connection is closed; the app sees the client gone).
+(then the connection is closed; the app sees the client gone). Its writes are corked
+(``CorkedTransport``): what one event-loop iteration writes leaves in one send, so an
+unstreamed answer's head and body cost one system call, not two.
 
 ``LimitedHttpProtocol`` subclasses uvicorn's ``httptools_impl.HttpToolsProtocol``, which
 is not a public API: uvicorn offers no hook into its parser callbacks, and these limits
@@ -44,6 +46,10 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        # uvicorn writes a response's head and each body message as it comes: corked, a
+        # whole answer leaves in one send instead of two (flow control still reads the
+        # real transport, which uvicorn's FlowControl was given above).
+        self.transport = CorkedTransport(transport, self.loop)  # type: ignore[assignment]
         self._arm(self.limits.header_timeout_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -122,6 +128,46 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._read_timer = None
         if not self.transport.is_closing():
             self.transport.close()
+
+
+class CorkedTransport:
+    """A connection's transport whose writes of one event-loop iteration go out together,
+    in one send at the end of it: a response's head and body, or the events of a stream
+    that arrived together. A write waits for at most the rest of the iteration it was
+    made in; ``close`` sends what is waiting first, ``abort`` drops it."""
+
+    __slots__ = ("_loop", "_transport", "_waiting")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._waiting: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if not data:
+            return
+        if not self._waiting:
+            self._loop.call_soon(self._send)
+        self._waiting.append(data)
+
+    def _send(self) -> None:
+        waiting, self._waiting = self._waiting, []
+        if waiting and not self._transport.is_closing():
+            self._transport.write(waiting[0] if len(waiting) == 1 else b"".join(waiting))
+
+    def close(self) -> None:
+        self._send()
+        self._transport.close()
+
+    def abort(self) -> None:
+        self._waiting = []
+        self._transport.abort()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 def protocol_for(settings: GatewaySettings) -> type[LimitedHttpProtocol]:
