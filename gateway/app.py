@@ -32,6 +32,7 @@ from gateway.access.admin import build_admin_router
 from gateway.access.auth import Authenticator
 from gateway.access.keys import KeyStore
 from gateway.api.endpoints import ChatEndpoint, CompletionsEndpoint
+from gateway.api.generation_routes import GenerationRoutes
 from gateway.api.handler import GenerationHandler
 from gateway.api.relay import Relay
 from gateway.api.responses.endpoint import ResponsesEndpoint
@@ -57,6 +58,12 @@ from serving.vocabulary import PUBLIC_MODELS, TIERS
 logger = logging.getLogger(__name__)
 
 MODELS_CREATED = 1_767_225_600  # 2026-01-01, the family's launch date
+
+#: The generation endpoints (stateless: one object each serves every request), served by
+#: ``GenerationRoutes`` ahead of the app's router.
+CHAT = ChatEndpoint()
+COMPLETIONS = CompletionsEndpoint()
+RESPONSES = ResponsesEndpoint()
 
 
 def create_app(
@@ -85,13 +92,15 @@ def create_app(
     app.state.metrics = parts.metrics
     app.state.upstreams = parts.upstreams
     app.state.key_store = parts.store
+    # Innermost first (Starlette wraps each one added around the ones before).
+    app.add_middleware(
+        GenerationRoutes, handler=parts.generation, endpoints=(CHAT, COMPLETIONS, RESPONSES)
+    )
     app.add_middleware(ListenerGuard, internal_port=settings.internal_port)
     app.add_middleware(RequestContextMiddleware, metrics=parts.metrics)
     app.add_exception_handler(GatewayError, gateway_error_handler)
     app.add_exception_handler(StarletteHTTPException, http_exception_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
-    _add_generation_routes(app, parts.generation)
-    # After the hot routes: Starlette tries routes in order.
     app.include_router(build_admin_router(parts.store, parts.auth, accounts))
     _add_account_routes(app, parts.auth, usage)
     _add_operations_routes(app, parts.upstreams, parts.metrics)
@@ -185,29 +194,6 @@ def _lifespan(
             yield
 
     return lifespan
-
-
-#: The generation endpoints (stateless: one object each serves every request).
-CHAT = ChatEndpoint()
-COMPLETIONS = CompletionsEndpoint()
-RESPONSES = ResponsesEndpoint()
-
-
-def _add_generation_routes(app: FastAPI, generation: GenerationHandler) -> None:
-    async def chat_completions(request: Request) -> Response:
-        return await generation.handle(request, CHAT)
-
-    async def completions(request: Request) -> Response:
-        return await generation.handle(request, COMPLETIONS)
-
-    async def responses(request: Request) -> Response:
-        return await generation.handle(request, RESPONSES)
-
-    # The hot routes are plain Starlette routes: the protocol models validate the body
-    # themselves, so FastAPI's per-request dependency solving would be pure overhead.
-    app.add_route(CHAT.path, chat_completions, methods=["POST"])
-    app.add_route(COMPLETIONS.path, completions, methods=["POST"])
-    app.add_route(RESPONSES.path, responses, methods=["POST"])
 
 
 def _add_account_routes(app: FastAPI, auth: Authenticator, usage: UsageReader) -> None:

@@ -81,13 +81,15 @@ async def gateway_error_handler(request: Request, exc: Exception) -> Response:
 async def http_exception_handler(request: Request, exc: Exception) -> Response:
     """Starlette's own 404/405 (unknown routes, wrong methods) in OpenAI's shape."""
     assert isinstance(exc, StarletteHTTPException)
-    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-    return GatewayError(
-        exc.status_code,
-        f"{request.method} {request.url.path[:200]}: {exc.detail}",
-        code=code,
-        headers=dict(exc.headers or {}),  # 405 carries Allow
-    ).response()
+    error = route_error(request.method, request.url.path, exc.status_code, exc.detail)
+    error.headers.update(exc.headers or {})  # 405 carries Allow
+    return error.response()
+
+
+def route_error(method: str, path: str, status_code: int, detail: str) -> GatewayError:
+    """No such route (404), or not with this method (405): the request line, cut, named."""
+    code = {404: "not_found", 405: "method_not_allowed"}.get(status_code)
+    return GatewayError(status_code, f"{method} {path[:200]}: {detail}", code=code)
 
 
 async def validation_error_handler(request: Request, exc: Exception) -> Response:

@@ -17,7 +17,7 @@ import time
 import pydantic_core
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.errors import error_body
+from gateway.errors import error_body, route_error
 from gateway.metrics import GatewayMetrics
 
 logger = logging.getLogger(__name__)
@@ -121,19 +121,7 @@ class ListenerGuard:
             server = scope.get("server")
             on_internal = server is not None and server[1] == self.internal_port
             if on_internal != is_internal_route(scope["path"]):
-                body = error_body(
-                    f"{scope['method']} {scope['path'][:200]}: Not Found",
-                    "invalid_request_error",
-                    None,
-                    "not_found",
-                )
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 404,
-                        "headers": [(b"content-type", b"application/json")],
-                    }
-                )
-                await send({"type": "http.response.body", "body": pydantic_core.to_json(body)})
+                error = route_error(scope["method"], scope["path"], 404, "Not Found")
+                await error.response()(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -232,6 +232,10 @@ def test_metrics_and_admin_answer_only_on_the_internal_listener(live: LiveGatewa
     assert httpx.get(f"{live.internal_url}/metrics").status_code == 200
     auth = {"authorization": f"Bearer {live.api_key}"}
     assert httpx.get(f"{live.internal_url}/v1/models", headers=auth).status_code == 404
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/responses"):
+        generation = httpx.post(f"{live.internal_url}{path}", headers=auth, json={})
+        assert generation.status_code == 404, path
+        assert generation.json()["error"]["code"] == "not_found"
     assert httpx.get(f"{live.url}/v1/models", headers=auth).status_code == 200
     for url in (live.url, live.internal_url):
         assert httpx.get(f"{url}/healthz").status_code == 200
@@ -276,11 +280,18 @@ def test_head_and_unknown_methods_get_proper_answers(live: LiveGateway) -> None:
     auth = {"authorization": f"Bearer {live.api_key}"}
     assert httpx.head(f"{live.url}/v1/models", headers=auth).status_code == 200
     assert httpx.head(f"{live.url}/healthz").status_code == 200
-    for method, path in (("PATCH", "/v1/models"), ("DELETE", "/v1/chat/completions")):
+    for method, path in (
+        ("PATCH", "/v1/models"),
+        ("DELETE", "/v1/chat/completions"),
+        ("GET", "/v1/completions"),
+        ("HEAD", "/v1/responses"),
+    ):
         response = httpx.request(method, f"{live.url}{path}", headers=auth)
         assert response.status_code == 405
         assert response.headers["allow"]
-        assert response.json()["error"]["code"] == "method_not_allowed"
+        if method != "HEAD":
+            assert response.json()["error"]["code"] == "method_not_allowed"
+    assert httpx.delete(f"{live.url}/v1/chat/completions").headers["allow"] == "POST"
 
 
 def test_the_webhook_refuses_before_reading_a_large_body(live: LiveGateway) -> None:
