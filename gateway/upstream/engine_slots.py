@@ -92,8 +92,10 @@ class EngineSlots:
         #: The org of each waiter, and the slots each (tier, org) holds now.
         self._orgs: dict[asyncio.Future[int], str] = {}
         self.held: dict[tuple[str, str], int] = {}
-        #: When each (tier, org) last gave a slot back (``time.monotonic()``).
+        #: When each (tier, org) last gave a slot back (``time.monotonic()``), for those
+        #: done within about ``recent_s`` (older ones are dropped at most that often).
         self._last_done: dict[tuple[str, str], float] = {}
+        self._prune_at = 0.0
         self._regrant: asyncio.TimerHandle | None = None
 
     def waiting(self, tier: str) -> int:
@@ -218,7 +220,13 @@ class EngineSlots:
 
     def give_back(self, tier: str, taken: int, org: str = "") -> None:
         self._hold(tier, org, -taken)
-        self._last_done[(tier, org)] = time.monotonic()
+        now = time.monotonic()
+        self._last_done[(tier, org)] = now
+        if now >= self._prune_at:
+            # Every org that ever sent a request would stay in it otherwise: once per
+            # ``recent_s``, the ones no longer recent go (a walk over the recent ones).
+            self._prune_at = now + self.policy.recent_s
+            self._recently_done()
         self._grant()
 
     def _grant(self) -> None:

@@ -145,6 +145,8 @@ class UpstreamPool:
             candidates = [r for r in self.replicas if r not in exclude]
         if not candidates:
             return None
+        if len(candidates) == 1:  # every policy picks it: no need to weigh it
+            return candidates[0]
         start = turn % len(candidates)
         rotated = candidates[start:] + candidates[:start]
 

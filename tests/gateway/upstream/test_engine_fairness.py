@@ -141,3 +141,15 @@ async def test_room_kept_as_headroom_is_no_room_to_the_org_over_its_share() -> N
     assert slots.try_take("fast", 5, "org-a") == 5
     assert not slots.has_room("fast", 1, "org-a")
     assert slots.has_room("fast", 1, "org-b") and slots.has_room("fast", 1)
+
+
+async def test_orgs_done_long_ago_are_forgotten() -> None:
+    """What an engine remembers of orgs' last requests holds the recent ones only: not
+    every org that ever sent one (a gateway's lifetime of customers)."""
+    slots = EngineSlots(SlotPolicy(size=8, shared=False, fair_headroom=2, recent_s=0.1))
+    for n in range(500):
+        org = f"org-{n}"
+        slots.give_back("fast", slots.try_take("fast", 1, org) or 0, org)
+    await asyncio.sleep(0.25)
+    slots.give_back("fast", slots.try_take("fast", 1, "org-late") or 0, "org-late")
+    assert list(slots._last_done) == [("fast", "org-late")]  # the record itself, bounded
