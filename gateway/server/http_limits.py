@@ -56,6 +56,13 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._disarm()
         super().connection_lost(exc)
 
+    def eof_received(self) -> None:
+        # The client half-closed: the transport closes itself once this returns, past the
+        # corked transport, so what waits in it must go first (it would be dropped).
+        if isinstance(self.transport, CorkedTransport):
+            self.transport.flush()
+        super().eof_received()
+
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._head_bytes = 0
@@ -134,7 +141,10 @@ class CorkedTransport:
     """A connection's transport whose writes of one event-loop iteration go out together,
     in one send at the end of it: a response's head and body, or the events of a stream
     that arrived together. A write waits for at most the rest of the iteration it was
-    made in; ``close`` sends what is waiting first, ``abort`` drops it."""
+    made in; ``close`` sends what is waiting first, ``abort`` drops it. Flow control
+    (``pause_writing``) follows the real transport's buffer, so it sees a write one
+    iteration late: a stream whose client reads nothing can queue one more iteration's
+    events (at most the upstream's read buffer, rewritten) before its relay waits."""
 
     __slots__ = ("_loop", "_transport", "_waiting")
 
@@ -147,16 +157,17 @@ class CorkedTransport:
         if not data:
             return
         if not self._waiting:
-            self._loop.call_soon(self._send)
+            self._loop.call_soon(self.flush)
         self._waiting.append(data)
 
-    def _send(self) -> None:
+    def flush(self) -> None:
+        """Send what waits now."""
         waiting, self._waiting = self._waiting, []
         if waiting and not self._transport.is_closing():
             self._transport.write(waiting[0] if len(waiting) == 1 else b"".join(waiting))
 
     def close(self) -> None:
-        self._send()
+        self.flush()
         self._transport.close()
 
     def abort(self) -> None:

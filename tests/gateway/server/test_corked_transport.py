@@ -1,5 +1,6 @@
 """``CorkedTransport`` (gateway/server/http_limits.py) on a real socket pair and event loop:
-what one iteration writes leaves in one send, in order, and closing never loses it."""
+what one iteration writes leaves in one send, in order, and closing never loses it, nor a
+client's half-close (the transport then closes itself, past the corked one)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,11 @@ import asyncio
 import socket
 from typing import Any
 
+from uvicorn.server import ServerState
+
 from gateway.server.http_limits import CorkedTransport
+from gateway.server.listeners import server_config
+from gateway.settings import GatewaySettings
 
 
 class Sends:
@@ -88,3 +93,24 @@ async def test_writes_after_close_are_dropped() -> None:
     assert sends.sent == []
     assert await asyncio.to_thread(read_all, peer) == b""
     assert corked.get_extra_info("socket") is not None  # the rest is the real transport's
+
+
+async def test_a_half_close_sends_what_waits_before_the_transport_closes() -> None:
+    """uvicorn's protocol, as the gateway serves with it: when a client half-closes, the
+    real transport closes itself after ``eof_received``; an answer written in the same
+    iteration was corked, and must leave first."""
+    ours, peer = socket.socketpair()
+    ours.setblocking(False)
+    loop = asyncio.get_running_loop()
+    config = server_config(object(), GatewaySettings())
+    config.load()
+    transport, protocol = await loop.connect_accepted_socket(
+        lambda: config.http_protocol_class(  # type: ignore[misc]
+            config=config, server_state=ServerState(), app_state={}, _loop=loop
+        ),
+        ours,
+    )
+    protocol.transport.write(b"the answer")  # corked: waits for the iteration's end
+    protocol.eof_received()  # the client's FIN, read in the same iteration
+    transport.close()  # what the real transport then does by itself
+    assert await asyncio.to_thread(read_all, peer) == b"the answer"
