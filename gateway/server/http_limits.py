@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterable
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -141,10 +142,11 @@ class CorkedTransport:
     """A connection's transport whose writes of one event-loop iteration go out together,
     in one send at the end of it: a response's head and body, or the events of a stream
     that arrived together. A write waits for at most the rest of the iteration it was
-    made in; ``close`` sends what is waiting first, ``abort`` drops it. Flow control
-    (``pause_writing``) follows the real transport's buffer, so it sees a write one
-    iteration late: a stream whose client reads nothing can queue one more iteration's
-    events (at most the upstream's read buffer, rewritten) before its relay waits."""
+    made in; ``close`` and ``write_eof`` send what is waiting first, ``abort`` drops it,
+    and the write buffer's size counts it. Flow control (``pause_writing``) follows the
+    real transport's buffer, so it sees a write one iteration late: a stream whose client
+    reads nothing can queue one more iteration's events (at most the upstream's read
+    buffer, rewritten) before its relay waits."""
 
     __slots__ = ("_loop", "_transport", "_waiting")
 
@@ -159,6 +161,17 @@ class CorkedTransport:
         if not self._waiting:
             self._loop.call_soon(self.flush)
         self._waiting.append(data)
+
+    def writelines(self, data: Iterable[bytes]) -> None:
+        for part in data:
+            self.write(part)
+
+    def write_eof(self) -> None:
+        self.flush()
+        self._transport.write_eof()
+
+    def get_write_buffer_size(self) -> int:
+        return self._transport.get_write_buffer_size() + sum(map(len, self._waiting))
 
     def flush(self) -> None:
         """Send what waits now."""

@@ -57,7 +57,7 @@ async def test_one_iterations_writes_leave_in_one_send_in_order() -> None:
     await asyncio.sleep(0)
     await asyncio.sleep(0)
     assert sends.sent == [b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}"]
-    corked.write(b"next")  # a later iteration: a send of its own, after the first
+    corked.writelines([b"ne", b"xt"])  # a later iteration: a send of its own, after the first
     await asyncio.sleep(0)
     await asyncio.sleep(0)
     assert sends.sent[1:] == [b"next"]
@@ -68,6 +68,14 @@ async def test_one_iterations_writes_leave_in_one_send_in_order() -> None:
 
 
 async def test_close_sends_what_waits_and_abort_drops_it() -> None:
+    corked, sends, peer = await corked_pair()
+    corked.write(b"an answer, ")
+    assert corked.get_write_buffer_size() == len(b"an answer, ")  # waiting counts as buffered
+    corked.write_eof()  # the end of what it sends: what waits goes first
+    assert sends.sent == [b"an answer, "]
+    assert await asyncio.to_thread(read_all, peer) == b"an answer, "
+    corked.close()
+
     corked, sends, peer = await corked_pair()
     corked.write(b"the last answer")
     corked.close()  # in the same iteration: sent before the connection closes
