@@ -14,10 +14,9 @@ import re
 import secrets
 import time
 
-import pydantic_core
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.errors import error_body, route_error
+from gateway.errors import GatewayError, route_error
 from gateway.metrics import GatewayMetrics
 
 logger = logging.getLogger(__name__)
@@ -84,15 +83,10 @@ class RequestContextMiddleware:
         except Exception:
             logger.exception("unhandled error serving request %s", own_id)
             if not response_started:
-                await send_with_id(
-                    {
-                        "type": "http.response.start",
-                        "status": 500,
-                        "headers": [(b"content-type", b"application/json")],
-                    }
+                error = GatewayError(
+                    500, "internal gateway error", type="server_error", code="internal_error"
                 )
-                body = error_body("internal gateway error", "server_error", None, "internal_error")
-                await send({"type": "http.response.body", "body": pydantic_core.to_json(body)})
+                await error.response()(scope, receive, send_with_id)
         finally:
             path = scope["path"]
             route = ROUTES.get(path) or ("usage" if path.startswith("/v1/usage/") else "other")
