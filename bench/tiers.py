@@ -296,18 +296,20 @@ SWEEP_LOAD_CLIENTS = (12, 16)
 
 async def sweep(url: str, key: str, args: argparse.Namespace, label: str) -> str:
     """Fast probes of 32 tokens alone and under each standard load, and standard probes
-    under each fast load, for each prompt: prints a table row each; returns the worst."""
+    under each fast load, for each prompt: prints a table row each; returns the worst.
+    Fast alone is measured again right before each load: the ratio's two sides come from
+    the same minute, so the machine's drift over the sweep does not enter it."""
     worst_ratio, worst_standard = 0.0, 0.0
     for prompt_name, messages in SWEEP_PROMPTS.items():
         point = argparse.Namespace(
             **{**vars(args), "messages": messages, "probe_tokens": 32, "probes": args.sweep_probes}
         )
-        alone, _, _ = await scenario(url, key, "fast", None, point)
-        alone_p50 = quantile(alone.ttft_s, 0.5)
         for tokens, clients in itertools.product(SWEEP_LOAD_TOKENS, SWEEP_LOAD_CLIENTS):
             loaded = argparse.Namespace(
                 **{**vars(point), "load_tokens": tokens, "load_clients": clients}
             )
+            alone, _, _ = await scenario(url, key, "fast", None, point)
+            alone_p50 = quantile(alone.ttft_s, 0.5)
             fast, _, _ = await scenario(url, key, "fast", "standard", loaded)
             standard, _, _ = await scenario(url, key, "standard", "fast", loaded)
             ratio = quantile(fast.ttft_s, 0.5) / alone_p50
