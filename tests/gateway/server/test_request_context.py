@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import httpx
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from gateway.metrics import GatewayMetrics
 from gateway.server.middleware import REQUEST_ID, RequestContextMiddleware
@@ -44,12 +44,12 @@ async def test_an_error_after_the_response_began_is_not_answered_twice() -> None
         await send({"type": "http.response.body", "body": b"partial", "more_body": True})
         raise RuntimeError("upstream went away")
 
-    sent: list[dict[str, object]] = []
+    sent: list[Message] = []
 
-    async def receive() -> dict[str, object]:
+    async def receive() -> Message:
         return {"type": "http.request", "body": b"", "more_body": False}
 
-    async def send(message: dict[str, object]) -> None:
+    async def send(message: Message) -> None:
         sent.append(message)
 
     app = RequestContextMiddleware(breaks_mid_answer, GatewayMetrics())
