@@ -31,7 +31,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -92,10 +92,9 @@ class EngineSlots:
         #: The org of each waiter, and the slots each (tier, org) holds now.
         self._orgs: dict[asyncio.Future[int], str] = {}
         self.held: dict[tuple[str, str], int] = {}
-        #: When each (tier, org) last gave a slot back (``time.monotonic()``), for those
-        #: done within about ``recent_s`` (older ones are dropped at most that often).
-        self._last_done: dict[tuple[str, str], float] = {}
-        self._prune_at = 0.0
+        #: When each org of a tier last gave a slot back (``time.monotonic()``), oldest
+        #: first: the orgs done within ``recent_s`` (older ones are dropped from the front).
+        self._last_done: dict[str, OrderedDict[str, float]] = {t: OrderedDict() for t in TIERS}
         self._regrant: asyncio.TimerHandle | None = None
 
     def waiting(self, tier: str) -> int:
@@ -122,43 +121,58 @@ class EngineSlots:
         return left is not None and (org is None or self._leaves_headroom(tier, org, weight, left))
 
     def _leaves_headroom(
-        self, tier: str, org: str, weight: int, free_after: int, active: set[str] | None = None
+        self, tier: str, org: str, weight: int, free_after: int, busy: set[str] | None = None
     ) -> bool:
         """False when ``org`` would take, over its share, the room kept for orgs under
         theirs (``fair_headroom`` slots at most, and no more than they are short);
-        ``active``: the tier's active orgs, where the caller has them."""
+        ``busy``: the tier's ``_busy_orgs``, where the caller has them.
+
+        The tier's active orgs are the busy ones and those done within ``recent_s``. The
+        recent ones may be thousands (every customer of the last second), so they are
+        counted, not walked: each that is not busy holds nothing and is short of its whole
+        share, so at most ``fair_headroom`` of them are visited."""
         if free_after >= self.policy.fair_headroom:
             return True
         held = self.held.get((tier, org), 0)
         if not held:
             return True  # an org's first request: it is under any share
-        others = (self._active_orgs(tier) if active is None else active) - {org}
+        busy = self._busy_orgs(tier) if busy is None else busy  # ``org`` among them
+        recent = self._recently_done(tier)
+        others = len(busy) - 1 + len(recent) - sum(other in recent for other in busy)
         if not others:
             return True  # alone: work-conserving
         tier_slots = self.policy.standard_cap if tier == "standard" else self.policy.size
-        share = tier_slots / (len(others) + 1)
+        share = tier_slots / (others + 1)
         if held + weight <= share:
             return True
         short = 0  # what the others are short of their shares, counted up to the headroom
-        for other in others:
-            short += max(0, math.ceil(share - self.held.get((tier, other), 0)))
-            if short >= self.policy.fair_headroom:
-                return False
+        for other in busy:
+            if other != org:
+                short += max(0, math.ceil(share - self.held.get((tier, other), 0)))
+                if short >= self.policy.fair_headroom:
+                    return False
+        for other in recent:
+            if other not in busy:
+                short += math.ceil(share)
+                if short >= self.policy.fair_headroom:
+                    return False
         return free_after >= short
 
-    def _recently_done(self) -> dict[tuple[str, str], float]:
-        """``_last_done`` less the orgs done more than ``recent_s`` ago (forgotten)."""
+    def _recently_done(self, tier: str) -> OrderedDict[str, float]:
+        """The tier's orgs done within ``recent_s``, oldest first: those done before are
+        forgotten, from the front (as many steps as orgs forgotten)."""
+        done = self._last_done[tier]
         cutoff = time.monotonic() - self.policy.recent_s
-        for tier_org in [k for k, done_at in self._last_done.items() if done_at < cutoff]:
-            del self._last_done[tier_org]
-        return self._last_done
+        while done and next(iter(done.values())) < cutoff:
+            done.popitem(last=False)
+        return done
 
-    def _active_orgs(self, tier: str) -> set[str]:
-        """The tier's orgs holding slots, waiting for some, or done within ``recent_s``."""
-        active = {org for (t, org), count in self.held.items() if t == tier and count}
-        active.update(self._orgs[w] for w in self._waiting[tier] if not w.done())
-        active.update(org for t, org in self._recently_done() if t == tier)
-        return active
+    def _busy_orgs(self, tier: str) -> set[str]:
+        """The tier's orgs holding slots or waiting for some (no more than the engine's
+        slots and the requests waiting)."""
+        busy = {org for t, org in self.held if t == tier}  # ``held`` keeps no zero counts
+        busy.update(self._orgs[w] for w in self._waiting[tier] if not w.done())
+        return busy
 
     def has_room(self, tier: str, weight: int = 1, org: str | None = None) -> bool:
         """Whether a request of ``tier`` (of ``org``, where known) would get its slots now."""
@@ -220,13 +234,11 @@ class EngineSlots:
 
     def give_back(self, tier: str, taken: int, org: str = "") -> None:
         self._hold(tier, org, -taken)
-        now = time.monotonic()
-        self._last_done[(tier, org)] = now
-        if now >= self._prune_at:
-            # Every org that ever sent a request would stay in it otherwise: once per
-            # ``recent_s``, the ones no longer recent go (a walk over the recent ones).
-            self._prune_at = now + self.policy.recent_s
-            self._recently_done()
+        done = self._last_done[tier]
+        done[org] = time.monotonic()
+        done.move_to_end(org)  # oldest first: monotonic times, each org once
+        # Every org that ever sent a request would stay otherwise (only the recent count).
+        self._recently_done(tier)
         self._grant()
 
     def _grant(self) -> None:
@@ -258,15 +270,15 @@ class EngineSlots:
                 earliest.setdefault(self._orgs.get(waiter, ""), waiter)
         # Sorting is stable: between equal holdings, the org whose request came first.
         in_turn = sorted(earliest.items(), key=lambda item: self.held.get((tier, item[0]), 0))
-        active: set[str] | None = None
+        busy: set[str] | None = None
         for org, waiter in in_turn:
             weight = self._weights[waiter]
             left = self._fits(tier, weight)
             if left is None:
                 return None
-            if left < self.policy.fair_headroom and active is None:
-                active = self._active_orgs(tier)
-            if self._leaves_headroom(tier, org, weight, left, active):
+            if left < self.policy.fair_headroom and busy is None:
+                busy = self._busy_orgs(tier)
+            if self._leaves_headroom(tier, org, weight, left, busy):
                 return waiter
         return None
 
@@ -279,10 +291,13 @@ class EngineSlots:
             or self._regrant is not None
             or sum(self.in_flight.values()) >= self.policy.size
             or not any(self.waiting(t) for t in TIERS)
-            or not self._recently_done()
         ):
             return
-        delay = min(self._last_done.values()) + self.policy.recent_s - time.monotonic()
+        # The earliest of the tiers' oldest recent orgs stops counting first.
+        oldest = [next(iter(done.values())) for t in TIERS if (done := self._recently_done(t))]
+        if not oldest:
+            return
+        delay = min(oldest) + self.policy.recent_s - time.monotonic()
         with contextlib.suppress(RuntimeError):  # no running loop: nobody waits on it
             self._regrant = asyncio.get_running_loop().call_later(
                 max(delay, 0.001), self._regrant_now

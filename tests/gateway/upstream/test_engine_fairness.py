@@ -5,6 +5,8 @@ headroom for one under its share; alone, an org takes all."""
 from __future__ import annotations
 
 import asyncio
+import math
+import random
 
 import pytest
 
@@ -152,4 +154,60 @@ async def test_orgs_done_long_ago_are_forgotten() -> None:
         slots.give_back("fast", slots.try_take("fast", 1, org) or 0, org)
     await asyncio.sleep(0.25)
     slots.give_back("fast", slots.try_take("fast", 1, "org-late") or 0, "org-late")
-    assert list(slots._last_done) == [("fast", "org-late")]  # the record itself, bounded
+    # The record itself, bounded: the late org alone.
+    assert {t: list(done) for t, done in slots._last_done.items()} == {
+        "fast": ["org-late"],
+        "standard": [],
+    }
+
+
+def leaves_headroom_reference(
+    slots: EngineSlots, tier: str, org: str, weight: int, now: float
+) -> bool:
+    """The headroom rule as the module's docstring states it, by brute force: the tier's
+    active orgs are those holding slots, waiting, or done within ``recent_s``."""
+    policy = slots.policy
+    free = policy.size - sum(slots.in_flight.values())
+    free_after = free - weight
+    if free_after >= policy.fair_headroom or not slots.held.get((tier, org), 0):
+        return True
+    active = {o for (t, o) in slots.held if t == tier}
+    active |= {o for o, at in slots._last_done[tier].items() if at >= now - policy.recent_s}
+    others = active - {org}
+    if not others:
+        return True
+    share = policy.size / (len(others) + 1)
+    if slots.held[(tier, org)] + weight <= share:
+        return True
+    short = sum(max(0, math.ceil(share - slots.held.get((tier, o), 0))) for o in others)
+    return short < policy.fair_headroom and free_after >= short
+
+
+async def test_headroom_decisions_match_the_reference_over_random_traffic(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Counting the recent orgs instead of walking them decides as the brute force does:
+    many orgs, each taking and giving back, the clock moving past ``recent_s``."""
+    clock = [1000.0]
+    monkeypatch.setattr("gateway.upstream.engine_slots.time.monotonic", lambda: clock[0])
+    rng = random.Random(7)
+    slots = EngineSlots(SlotPolicy(size=12, shared=False, fair_headroom=2, recent_s=1.0))
+    holding: list[tuple[str, int]] = []
+    orgs = [f"org-{n}" for n in range(40)]
+    decided = 0
+    for _ in range(4000):
+        clock[0] += rng.choice((0.0, 0.01, 0.05, 0.3))
+        org, weight = rng.choice(orgs[: rng.choice((3, 40))]), rng.choice((1, 1, 2))
+        if holding and rng.random() < 0.45:
+            gone = holding.pop(rng.randrange(len(holding)))
+            slots.give_back("fast", gone[1], gone[0])
+            continue
+        fits = sum(slots.in_flight.values()) + weight <= slots.policy.size
+        expected = fits and leaves_headroom_reference(slots, "fast", org, weight, clock[0])
+        assert slots.has_room("fast", weight, org) == expected
+        decided += fits and sum(slots.in_flight.values()) + weight > 10  # near full
+        taken = slots.try_take("fast", weight, org)
+        assert (taken is not None) == expected
+        if taken:
+            holding.append((org, taken))
+    assert decided > 200  # the headroom rule itself was exercised, not only free room
