@@ -11,6 +11,7 @@ import random
 import pytest
 
 from gateway.upstream.engine_slots import EngineSlots, SlotPolicy
+from serving.vocabulary import Tier
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
 
@@ -167,8 +168,8 @@ def leaves_headroom_reference(
     """The headroom rule as the module's docstring states it, by brute force: the tier's
     active orgs are those holding slots, waiting, or done within ``recent_s``."""
     policy = slots.policy
-    free = policy.size - sum(slots.in_flight.values())
-    free_after = free - weight
+    free_after = slots._fits(tier, weight)  # the tiers' split: not what is checked here
+    assert free_after is not None
     if free_after >= policy.fair_headroom or not slots.held.get((tier, org), 0):
         return True
     active = {o for (t, o) in slots.held if t == tier}
@@ -176,38 +177,47 @@ def leaves_headroom_reference(
     others = active - {org}
     if not others:
         return True
-    share = policy.size / (len(others) + 1)
+    tier_slots = policy.standard_cap if tier == "standard" else policy.size
+    share = tier_slots / (len(others) + 1)
     if slots.held[(tier, org)] + weight <= share:
         return True
     short = sum(max(0, math.ceil(share - slots.held.get((tier, o), 0))) for o in others)
     return short < policy.fair_headroom and free_after >= short
 
 
+@pytest.mark.parametrize(
+    ("tier", "policy"),
+    [
+        ("fast", SlotPolicy(size=12, shared=False, fair_headroom=2, recent_s=1.0)),
+        ("standard", SlotPolicy(size=16, shared=True, fair_headroom=3, recent_s=1.0)),
+    ],
+)
 async def test_headroom_decisions_match_the_reference_over_random_traffic(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tier: Tier, policy: SlotPolicy
 ) -> None:
     """Counting the recent orgs instead of walking them decides as the brute force does:
     many orgs, each taking and giving back, the clock moving past ``recent_s``."""
     clock = [1000.0]
     monkeypatch.setattr("gateway.upstream.engine_slots.time.monotonic", lambda: clock[0])
     rng = random.Random(7)
-    slots = EngineSlots(SlotPolicy(size=12, shared=False, fair_headroom=2, recent_s=1.0))
+    slots = EngineSlots(policy)
+    cap = policy.standard_cap if tier == "standard" else policy.size
     holding: list[tuple[str, int]] = []
     orgs = [f"org-{n}" for n in range(40)]
-    decided = 0
+    near_full = 0
     for _ in range(4000):
         clock[0] += rng.choice((0.0, 0.01, 0.05, 0.3))
         org, weight = rng.choice(orgs[: rng.choice((3, 40))]), rng.choice((1, 1, 2))
         if holding and rng.random() < 0.45:
             gone = holding.pop(rng.randrange(len(holding)))
-            slots.give_back("fast", gone[1], gone[0])
+            slots.give_back(tier, gone[1], gone[0])
             continue
-        fits = sum(slots.in_flight.values()) + weight <= slots.policy.size
-        expected = fits and leaves_headroom_reference(slots, "fast", org, weight, clock[0])
-        assert slots.has_room("fast", weight, org) == expected
-        decided += fits and sum(slots.in_flight.values()) + weight > 10  # near full
-        taken = slots.try_take("fast", weight, org)
+        fits = slots._fits(tier, weight) is not None
+        expected = fits and leaves_headroom_reference(slots, tier, org, weight, clock[0])
+        assert slots.has_room(tier, weight, org) == expected
+        near_full += fits and slots.in_flight[tier] + weight > cap - policy.fair_headroom
+        taken = slots.try_take(tier, weight, org)
         assert (taken is not None) == expected
         if taken:
             holding.append((org, taken))
-    assert decided > 200  # the headroom rule itself was exercised, not only free room
+    assert near_full > 200  # the headroom rule itself was exercised, not only free room
