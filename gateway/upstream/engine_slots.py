@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import math
 import time
 from collections import OrderedDict, deque
@@ -87,7 +88,15 @@ class EngineSlots:
     def __init__(self, policy: SlotPolicy) -> None:
         self.policy = policy
         self.in_flight: dict[str, int] = dict.fromkeys(TIERS, 0)
-        self._waiting: dict[str, deque[asyncio.Future[int]]] = {t: deque() for t in TIERS}
+        #: Each tier's waiting requests by org, each org's in the order they came. The
+        #: first of each is still waiting: one granted or given up leaves at once, one
+        #: given up behind it once it is first. An overloaded engine's line may be
+        #: thousands long: a grant looks at the orgs that wait, not at every request.
+        self._queues: dict[str, dict[str, deque[asyncio.Future[int]]]] = {t: {} for t in TIERS}
+        self._waiters: dict[str, int] = dict.fromkeys(TIERS, 0)
+        #: Each waiter's place in the order of arrival (between orgs, the earlier first).
+        self._arrival: dict[asyncio.Future[int], int] = {}
+        self._arrivals = itertools.count()
         self._weights: dict[asyncio.Future[int], int] = {}
         #: The org of each waiter, and the slots each (tier, org) holds now.
         self._orgs: dict[asyncio.Future[int], str] = {}
@@ -98,7 +107,7 @@ class EngineSlots:
         self._regrant: asyncio.TimerHandle | None = None
 
     def waiting(self, tier: str) -> int:
-        return sum(not f.done() for f in self._waiting[tier])
+        return self._waiters[tier]
 
     def _fits(self, tier: str, weight: int) -> int | None:
         """The room ``tier`` has left once ``weight`` more slots are taken, or None if
@@ -171,7 +180,7 @@ class EngineSlots:
         """The tier's orgs holding slots or waiting for some (no more than the engine's
         slots and the requests waiting)."""
         busy = {org for t, org in self.held if t == tier}  # ``held`` keeps no zero counts
-        busy.update(self._orgs[w] for w in self._waiting[tier] if not w.done())
+        busy.update(self._queues[tier])
         return busy
 
     def has_room(self, tier: str, weight: int = 1, org: str | None = None) -> bool:
@@ -207,7 +216,9 @@ class EngineSlots:
             return taken
         weight = self._clamp(weight)
         waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._waiting[tier].append(waiter)
+        self._queues[tier].setdefault(org, deque()).append(waiter)
+        self._waiters[tier] += 1
+        self._arrival[waiter] = next(self._arrivals)
         self._weights[waiter] = weight
         self._orgs[waiter] = org
         if sum(self.in_flight.values()) < self.policy.size:
@@ -218,19 +229,35 @@ class EngineSlots:
         except TimeoutError:
             if waiter.done():  # granted as the wait ran out: keep it
                 return waiter.result()
-            waiter.cancel()
+            self._give_up(tier, org, waiter)
             self._grant()  # it may have been the head of the line
             raise EngineBusy(tier, max_wait_s) from None
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
                 self.give_back(tier, waiter.result(), org)  # granted, but its request is gone
             else:
-                waiter.cancel()
+                self._give_up(tier, org, waiter)
                 self._grant()
             raise
         finally:
             self._weights.pop(waiter, None)
             self._orgs.pop(waiter, None)
+
+    def _give_up(self, tier: str, org: str, waiter: asyncio.Future[int]) -> None:
+        """A waiter that stopped waiting (its time ran out, or its request went)."""
+        if waiter.cancel():
+            self._waiters[tier] -= 1
+            self._drop_done(tier, org)
+
+    def _drop_done(self, tier: str, org: str) -> None:
+        """The org's first waiters that no longer wait leave its line (the line, if empty)."""
+        line = self._queues[tier].get(org)
+        if line is None:
+            return
+        while line and line[0].done():
+            self._arrival.pop(line.popleft(), None)
+        if not line:
+            del self._queues[tier][org]
 
     def give_back(self, tier: str, taken: int, org: str = "") -> None:
         self._hold(tier, org, -taken)
@@ -249,9 +276,11 @@ class EngineSlots:
             for tier in order:
                 waiter = self._grantable(tier)
                 if waiter is not None:
-                    self._waiting[tier].remove(waiter)
-                    self._hold(tier, self._orgs.get(waiter, ""), self._weights[waiter])
+                    org = self._orgs.get(waiter, "")
+                    self._hold(tier, org, self._weights[waiter])
                     waiter.set_result(self._weights[waiter])
+                    self._waiters[tier] -= 1
+                    self._drop_done(tier, org)  # it was its org's first
                     break
             else:
                 self._arm_regrant()
@@ -261,15 +290,11 @@ class EngineSlots:
         """The waiter of ``tier`` to get its slots now, if any: the earliest of the org
         holding the fewest. If its slots do not fit, nobody overtakes it; if only the
         headroom kept for other orgs holds it back, the next org's earliest may go."""
-        queue = self._waiting[tier]
-        while queue and queue[0].done():
-            queue.popleft()  # timed out or cancelled
-        earliest: dict[str, asyncio.Future[int]] = {}
-        for waiter in queue:
-            if not waiter.done():
-                earliest.setdefault(self._orgs.get(waiter, ""), waiter)
-        # Sorting is stable: between equal holdings, the org whose request came first.
-        in_turn = sorted(earliest.items(), key=lambda item: self.held.get((tier, item[0]), 0))
+        # Between equal holdings, the org whose first waiting request came first.
+        in_turn = sorted(
+            ((org, line[0]) for org, line in self._queues[tier].items()),
+            key=lambda item: (self.held.get((tier, item[0]), 0), self._arrival[item[1]]),
+        )
         busy: set[str] | None = None
         for org, waiter in in_turn:
             weight = self._weights[waiter]

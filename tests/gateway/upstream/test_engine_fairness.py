@@ -162,6 +162,30 @@ async def test_orgs_done_long_ago_are_forgotten() -> None:
     }
 
 
+async def test_a_request_that_stops_waiting_leaves_the_line_however_deep_it_stood() -> None:
+    """Given up in the middle of its org's line (cancelled, or its wait ran out), a
+    request no longer counts as waiting nor gets a slot; the line empties as served."""
+    slots = EngineSlots(SlotPolicy(size=1, shared=False, fair_headroom=0))
+    assert slots.try_take("fast", 1, "org-a") == 1
+    first, middle, last = await _queued(slots, "org-a", 3)
+    other = (await _queued(slots, "org-b", 1))[0]
+    middle.cancel()
+    await _turns()
+    assert slots.waiting("fast") == 3
+    slots.give_back("fast", 1, "org-a")
+    await _turns()
+    assert first.done() and not other.done()  # org-a's first came before org-b's
+    slots.give_back("fast", await first, "org-a")
+    await _turns()
+    # Both hold none: org-a's next waiting request came before org-b's, the middle skipped.
+    assert last.done() and not other.done() and middle.cancelled()
+    slots.give_back("fast", await last, "org-a")
+    await _turns()
+    slots.give_back("fast", await other, "org-b")
+    assert slots.waiting("fast") == 0 and slots.held == {}
+    assert slots._queues == {"fast": {}, "standard": {}} and not slots._arrival
+
+
 def leaves_headroom_reference(
     slots: EngineSlots, tier: str, org: str, weight: int, now: float
 ) -> bool:
