@@ -47,8 +47,8 @@ from gateway.errors import (
 from gateway.metrics import GatewayMetrics
 from gateway.server.middleware import ListenerGuard, RequestContextMiddleware
 from gateway.settings import GatewaySettings
-from gateway.upstream.engine_slots import SlotPolicy, share, slot_policies
 from gateway.upstream.pools import Upstreams
+from gateway.upstream.slot_policy import SlotPolicy, share, slot_policies
 from gateway.upstream.tiers import TierRouter
 from serving.profile import detect_profile
 from serving.settings import ServingSettings

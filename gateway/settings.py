@@ -50,7 +50,7 @@ class GatewaySettings(CstackSettings):
     read_timeout_s: float = 600.0
     max_connections_per_upstream: int = 512
     #: Hold each engine's requests to its batch size and share its slots between the tiers
-    #: as serving/variants.yaml's ``admission`` says (gateway/upstream/engine_slots.py).
+    #: as serving/variants.yaml's ``admission`` says (gateway/upstream/slot_policy.py).
     #: Off only for benchmarks of the relay itself against a stub upstream.
     engine_admission: bool = True
     #: How a pool of several replicas picks one: ``prefix`` (to the replica holding the

@@ -22,7 +22,7 @@ import sys
 from typing import Any
 
 from gateway.settings import GatewaySettings
-from gateway.upstream.engine_slots import share
+from gateway.upstream.slot_policy import share
 
 #: Worker to supervisor, on its channel: it serves now; one handed connection closed.
 READY, CLOSED = b"r", b"c"

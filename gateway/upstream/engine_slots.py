@@ -29,15 +29,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import itertools
 import math
 import time
 from collections import OrderedDict, deque
-from collections.abc import Mapping
-from dataclasses import dataclass
 
-from serving.variants import VariantBook
-from serving.vocabulary import STANDARD_MAX_SHARE, STANDARD_MIN_SHARE, TIERS, Tier
+from gateway.upstream.slot_policy import SlotPolicy
+from serving.vocabulary import TIERS, Tier
 
 
 class EngineBusy(Exception):
@@ -46,39 +45,6 @@ class EngineBusy(Exception):
     def __init__(self, tier: str, waited_s: float) -> None:
         super().__init__(f"the {tier} tier's engines stayed full for {waited_s:.0f}s")
         self.tier = tier
-
-
-@dataclass(frozen=True)
-class SlotPolicy:
-    """How one engine's slots are shared (from serving/variants.yaml's ``admission``)."""
-
-    #: The engine's batch size: requests in flight on it at most.
-    size: int
-    #: Whether both tiers use this engine.
-    shared: bool
-    standard_max_share: float = STANDARD_MAX_SHARE
-    standard_min_share: float = STANDARD_MIN_SHARE
-    #: Slots an org over its share of a tier leaves free for the tier's orgs under theirs
-    #: (0: none, every freed slot goes to whoever waits).
-    fair_headroom: int = 2
-    #: How long after its last request ended an org still counts as active in a tier.
-    recent_s: float = 1.0
-
-    @property
-    def standard_cap(self) -> int:
-        return (
-            self.size
-            if not self.shared
-            else max(1, math.floor(self.size * self.standard_max_share))
-        )
-
-    @property
-    def standard_floor(self) -> int:
-        return (
-            0
-            if not self.shared
-            else min(self.standard_cap, math.ceil(self.size * self.standard_min_share))
-        )
 
 
 class EngineSlots:
@@ -104,6 +70,17 @@ class EngineSlots:
         #: When each org of a tier last gave a slot back (``time.monotonic()``), oldest
         #: first: the orgs done within ``recent_s`` (older ones are dropped from the front).
         self._last_done: dict[str, OrderedDict[str, float]] = {t: OrderedDict() for t in TIERS}
+        #: Each tier's busy orgs (holding slots or waiting for some), kept as they change,
+        #: and how many of them are also among ``_last_done``: counted, not recomputed, as
+        #: thousands of orgs may wait on an overloaded engine.
+        self._busy: dict[str, set[str]] = {t: set() for t in TIERS}
+        self._busy_recent: dict[str, int] = dict.fromkeys(TIERS, 0)
+        #: Each tier's orgs in turn, a heap of (slots held, arrival of its first waiter,
+        #: org, that waiter). An entry no longer true (the org's holding or first waiter
+        #: changed since) is skipped when it comes up; a true one is pushed on each change.
+        self._turns: dict[str, list[tuple[int, int, str, asyncio.Future[int]]]] = {
+            t: [] for t in TIERS
+        }
         self._regrant: asyncio.TimerHandle | None = None
 
     def waiting(self, tier: str) -> int:
@@ -129,25 +106,23 @@ class EngineSlots:
         left = self._fits(tier, weight)
         return left is not None and (org is None or self._leaves_headroom(tier, org, weight, left))
 
-    def _leaves_headroom(
-        self, tier: str, org: str, weight: int, free_after: int, busy: set[str] | None = None
-    ) -> bool:
+    def _leaves_headroom(self, tier: str, org: str, weight: int, free_after: int) -> bool:
         """False when ``org`` would take, over its share, the room kept for orgs under
-        theirs (``fair_headroom`` slots at most, and no more than they are short);
-        ``busy``: the tier's ``_busy_orgs``, where the caller has them.
+        theirs (``fair_headroom`` slots at most, and no more than they are short).
 
         The tier's active orgs are the busy ones and those done within ``recent_s``. The
         recent ones may be thousands (every customer of the last second), so they are
         counted, not walked: each that is not busy holds nothing and is short of its whole
-        share, so at most ``fair_headroom`` of them are visited."""
+        share, so at most ``fair_headroom`` of them are visited. So are the busy ones: all
+        but those holding slots (the engine's batch size at most) are short by one or more."""
         if free_after >= self.policy.fair_headroom:
             return True
         held = self.held.get((tier, org), 0)
         if not held:
             return True  # an org's first request: it is under any share
-        busy = self._busy_orgs(tier) if busy is None else busy  # ``org`` among them
-        recent = self._recently_done(tier)
-        others = len(busy) - 1 + len(recent) - sum(other in recent for other in busy)
+        recent = self._recently_done(tier)  # first: forgetting orgs updates the count
+        busy = self._busy[tier]  # ``org`` among them: it holds slots
+        others = len(busy) - 1 + len(recent) - self._busy_recent[tier]
         if not others:
             return True  # alone: work-conserving
         tier_slots = self.policy.standard_cap if tier == "standard" else self.policy.size
@@ -173,15 +148,30 @@ class EngineSlots:
         done = self._last_done[tier]
         cutoff = time.monotonic() - self.policy.recent_s
         while done and next(iter(done.values())) < cutoff:
-            done.popitem(last=False)
+            org, _ = done.popitem(last=False)
+            if org in self._busy[tier]:
+                self._busy_recent[tier] -= 1
         return done
 
-    def _busy_orgs(self, tier: str) -> set[str]:
-        """The tier's orgs holding slots or waiting for some (no more than the engine's
-        slots and the requests waiting)."""
-        busy = {org for t, org in self.held if t == tier}  # ``held`` keeps no zero counts
-        busy.update(self._queues[tier])
-        return busy
+    def _count_busy(self, tier: str, org: str) -> None:
+        """``org``'s place among the tier's busy orgs, after its holding or line changed."""
+        busy = self._busy[tier]
+        now = org in self._queues[tier] or (tier, org) in self.held  # no zero counts held
+        if now == (org in busy):
+            return
+        if now:
+            busy.add(org)
+        else:
+            busy.discard(org)
+        if org in self._last_done[tier]:
+            self._busy_recent[tier] += 1 if now else -1
+
+    def _push_turn(self, tier: str, org: str) -> None:
+        """``org``'s turn as it stands now, if it waits."""
+        line = self._queues[tier].get(org)
+        if line:
+            entry = (self.held.get((tier, org), 0), self._arrival[line[0]], org, line[0])
+            heapq.heappush(self._turns[tier], entry)
 
     def has_room(self, tier: str, weight: int = 1, org: str | None = None) -> bool:
         """Whether a request of ``tier`` (of ``org``, where known) would get its slots now."""
@@ -207,6 +197,8 @@ class EngineSlots:
             self.held[(tier, org)] = held
         else:
             self.held.pop((tier, org), None)
+        self._count_busy(tier, org)
+        self._push_turn(tier, org)
 
     async def take(self, tier: Tier, max_wait_s: float, weight: int = 1, org: str = "") -> int:
         """Slots for a request of ``org`` of ``weight`` sequences of ``tier`` (the count
@@ -216,11 +208,15 @@ class EngineSlots:
             return taken
         weight = self._clamp(weight)
         waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._queues[tier].setdefault(org, deque()).append(waiter)
+        line = self._queues[tier].setdefault(org, deque())
+        line.append(waiter)
         self._waiters[tier] += 1
         self._arrival[waiter] = next(self._arrivals)
         self._weights[waiter] = weight
         self._orgs[waiter] = org
+        if len(line) == 1:  # the org's first waiter: its turn starts
+            self._count_busy(tier, org)
+            self._push_turn(tier, org)
         if sum(self.in_flight.values()) < self.policy.size:
             self._grant()  # free slots kept as headroom may be this newcomer's
         try:
@@ -232,7 +228,9 @@ class EngineSlots:
             self._give_up(tier, org, waiter)
             self._grant()  # it may have been the head of the line
             raise EngineBusy(tier, max_wait_s) from None
-        except asyncio.CancelledError:
+        except BaseException:
+            # Cancelled (its client left), or its coroutine closed or interrupted: whatever
+            # ends the wait, the request neither waits on nor holds what it was given.
             if waiter.done() and not waiter.cancelled():
                 self.give_back(tier, waiter.result(), org)  # granted, but its request is gone
             else:
@@ -252,16 +250,21 @@ class EngineSlots:
     def _drop_done(self, tier: str, org: str) -> None:
         """The org's first waiters that no longer wait leave its line (the line, if empty)."""
         line = self._queues[tier].get(org)
-        if line is None:
+        if line is None or not line[0].done():
             return
         while line and line[0].done():
             self._arrival.pop(line.popleft(), None)
-        if not line:
+        if line:
+            self._push_turn(tier, org)  # its next waiter's turn
+        else:
             del self._queues[tier][org]
+            self._count_busy(tier, org)
 
     def give_back(self, tier: str, taken: int, org: str = "") -> None:
         self._hold(tier, org, -taken)
         done = self._last_done[tier]
+        if org not in done and org in self._busy[tier]:
+            self._busy_recent[tier] += 1
         done[org] = time.monotonic()
         done.move_to_end(org)  # oldest first: monotonic times, each org once
         # Every org that ever sent a request would stay otherwise (only the recent count).
@@ -290,22 +293,38 @@ class EngineSlots:
         """The waiter of ``tier`` to get its slots now, if any: the earliest of the org
         holding the fewest. If its slots do not fit, nobody overtakes it; if only the
         headroom kept for other orgs holds it back, the next org's earliest may go."""
-        # Between equal holdings, the org whose first waiting request came first.
-        in_turn = sorted(
-            ((org, line[0]) for org, line in self._queues[tier].items()),
-            key=lambda item: (self.held.get((tier, item[0]), 0), self._arrival[item[1]]),
-        )
-        busy: set[str] | None = None
-        for org, waiter in in_turn:
-            weight = self._weights[waiter]
-            left = self._fits(tier, weight)
-            if left is None:
-                return None
-            if left < self.policy.fair_headroom and busy is None:
-                busy = self._busy_orgs(tier)
-            if self._leaves_headroom(tier, org, weight, left, busy):
-                return waiter
-        return None
+        # Between equal holdings, the org whose first waiting request came first: the heap's
+        # order (arrivals are unique, so entries never compare further). Usually the first
+        # true entry goes; one held back by headroom is set aside and put back after.
+        turns, lines = self._turns[tier], self._queues[tier]
+        if len(turns) > 2 * len(lines) + 64:  # mostly entries no longer true: rebuilt
+            self._turns[tier] = turns = []
+            for org in lines:
+                self._push_turn(tier, org)
+        held_back: list[tuple[int, int, str, asyncio.Future[int]]] = []
+        try:
+            while turns:
+                held, _, org, waiter = turns[0]
+                line = lines.get(org)
+                if (
+                    line is None
+                    or line[0] is not waiter
+                    or held != self.held.get((tier, org), 0)
+                    or any(entry[2] == org for entry in held_back)
+                ):
+                    heapq.heappop(turns)  # no longer true (or a copy of one set aside)
+                    continue
+                weight = self._weights[waiter]
+                left = self._fits(tier, weight)
+                if left is None:
+                    return None  # nobody overtakes it
+                if self._leaves_headroom(tier, org, weight, left):
+                    return waiter  # its entry is no longer true once it is granted
+                held_back.append(heapq.heappop(turns))
+            return None
+        finally:
+            for entry in held_back:
+                heapq.heappush(turns, entry)
 
     def _arm_regrant(self) -> None:
         """Headroom kept for orgs that went quiet is handed on once they no longer count
@@ -331,34 +350,3 @@ class EngineSlots:
     def _regrant_now(self) -> None:
         self._regrant = None
         self._grant()
-
-
-def share(total: int, worker: int, workers: int) -> int:
-    """Worker ``worker``'s part of ``total`` split as evenly as whole units go (the first
-    ``total % workers`` workers get one more); the parts add up to ``total``."""
-    return total // workers + (1 if worker < total % workers else 0)
-
-
-def slot_policies(
-    urls_by_tier: Mapping[Tier, list[str]], book: VariantBook, profile: str
-) -> dict[str, SlotPolicy]:
-    """Each engine URL's slot policy: an engine both tiers use runs the ``shared`` variant,
-    one tier's engine that tier's variant; its batch size is that variant's
-    ``max-num-seqs`` under ``profile`` (no policy, so no limit, where it has none)."""
-    tiers_of: dict[str, set[str]] = {}
-    for tier, urls in urls_by_tier.items():
-        for url in urls:
-            tiers_of.setdefault(url, set()).add(tier)
-    policies = {}
-    for url, tiers in tiers_of.items():
-        shared = len(tiers) > 1
-        size = book.max_num_seqs("shared" if shared else next(iter(tiers)), profile)
-        if size is not None:
-            policies[url] = SlotPolicy(
-                size,
-                shared,
-                book.slot_sharing.standard_max_share,
-                book.slot_sharing.standard_min_share,
-                book.slot_sharing.fair_headroom,
-            )
-    return policies

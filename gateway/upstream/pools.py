@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from gateway.metrics import GatewayMetrics
-from gateway.upstream.engine_slots import EngineSlots, SlotPolicy
+from gateway.upstream.engine_slots import EngineSlots
 from gateway.upstream.http1 import (
     ConnectionPool,
     Response,
@@ -25,6 +25,7 @@ from gateway.upstream.http1 import (
     UpstreamReadTimeout,
 )
 from gateway.upstream.routing import PrefixKey, PrefixTable, RoutingPolicy
+from gateway.upstream.slot_policy import SlotPolicy
 from serving.vocabulary import Tier
 
 logger = logging.getLogger(__name__)

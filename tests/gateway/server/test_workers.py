@@ -26,7 +26,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import worker_slot_policies
-from gateway.upstream.engine_slots import SlotPolicy, share
+from gateway.upstream.slot_policy import SlotPolicy, share
 from serving.process import free_port
 from tests.support.billing import REPO
 from tests.support.commands import cstack_command

@@ -10,7 +10,8 @@ import random
 
 import pytest
 
-from gateway.upstream.engine_slots import EngineSlots, SlotPolicy
+from gateway.upstream.engine_slots import EngineSlots
+from gateway.upstream.slot_policy import SlotPolicy
 from serving.vocabulary import Tier
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
@@ -186,6 +187,24 @@ async def test_a_request_that_stops_waiting_leaves_the_line_however_deep_it_stoo
     assert slots._queues == {"fast": {}, "standard": {}} and not slots._arrival
 
 
+async def test_a_wait_ended_by_anything_leaves_nothing_waiting_or_held() -> None:
+    """A ``take`` whose coroutine is closed while it waits (not cancelled, not timed out:
+    its caller dropped it) leaves the line; one closed after its grant gives it back."""
+    slots = EngineSlots(SlotPolicy(size=1, shared=False, fair_headroom=0))
+    assert slots.try_take("fast", 1, "org-a") == 1
+    waiting = slots.take("fast", 5, 1, "org-b")
+    waiting.send(None)  # runs until it waits for its grant
+    assert slots.waiting("fast") == 1
+    waiting.close()
+    assert slots.waiting("fast") == 0 and not slots._queues["fast"] and not slots._arrival
+    granted = slots.take("fast", 5, 1, "org-b")
+    granted.send(None)
+    slots.give_back("fast", 1, "org-a")  # granted to it, before it runs again
+    assert slots.held == {("fast", "org-b"): 1}
+    granted.close()
+    assert slots.held == {} and slots.in_flight["fast"] == 0 and slots.waiting("fast") == 0
+
+
 def leaves_headroom_reference(
     slots: EngineSlots, tier: str, org: str, weight: int, now: float
 ) -> bool:
@@ -196,7 +215,7 @@ def leaves_headroom_reference(
     assert free_after is not None
     if free_after >= policy.fair_headroom or not slots.held.get((tier, org), 0):
         return True
-    active = {o for (t, o) in slots.held if t == tier}
+    active = {o for (t, o) in slots.held if t == tier} | set(slots._queues[tier])
     active |= {o for o, at in slots._last_done[tier].items() if at >= now - policy.recent_s}
     others = active - {org}
     if not others:
@@ -245,3 +264,70 @@ async def test_headroom_decisions_match_the_reference_over_random_traffic(
         if taken:
             holding.append((org, taken))
     assert near_full > 200  # the headroom rule itself was exercised, not only free room
+
+
+def grantable_reference(slots: EngineSlots, tier: str, now: float) -> asyncio.Future[int] | None:
+    """Who is granted next, by brute force: every waiting org's first request, in order of
+    the slots its org holds, then of arrival; the first that fits and leaves the headroom
+    (nobody overtakes one that does not fit)."""
+    firsts = [(org, line[0]) for org, line in slots._queues[tier].items()]
+    firsts.sort(key=lambda item: (slots.held.get((tier, item[0]), 0), slots._arrival[item[1]]))
+    for org, waiter in firsts:
+        weight = slots._weights[waiter]
+        if slots._fits(tier, weight) is None:
+            return None
+        if leaves_headroom_reference(slots, tier, org, weight, now):
+            return waiter
+    return None
+
+
+@pytest.mark.parametrize("shared", [False, True])
+async def test_who_goes_next_matches_the_reference_with_many_orgs_waiting(
+    monkeypatch: pytest.MonkeyPatch, shared: bool
+) -> None:
+    """The heap of turns and the busy orgs kept as they change decide as the brute force
+    over every waiting org does: many orgs waiting, taking, giving back, giving up, the
+    clock moving past ``recent_s``."""
+    clock = [1000.0]
+    monkeypatch.setattr("gateway.upstream.engine_slots.time.monotonic", lambda: clock[0])
+    rng = random.Random(11)
+    slots = EngineSlots(SlotPolicy(size=8, shared=shared, fair_headroom=2, recent_s=1.0))
+    tiers: tuple[Tier, ...] = ("fast", "standard") if shared else ("fast",)
+    orgs = [f"org-{n}" for n in range(30)]
+    requests: list[tuple[asyncio.Task[int], Tier, str]] = []
+    held_back = handed_on = 0
+    for _ in range(1500):
+        clock[0] += rng.choice((0.0, 0.0, 0.02, 0.4))
+        # Grants held until the decisions are compared: every step has one to compare.
+        slots._grant = lambda: None  # type: ignore[method-assign]
+        step = rng.random()
+        granted = [r for r in requests if r[0].done() and not r[0].cancelled()]
+        waiting = [r for r in requests if not r[0].done()]
+        if step < 0.45:
+            tier, org = rng.choice(tiers), rng.choice(orgs[: rng.choice((2, 30))])
+            task = asyncio.create_task(slots.take(tier, 600, rng.choice((1, 1, 2)), org))
+            requests.append((task, tier, org))
+        elif step < 0.85 and granted:
+            request = rng.choice(granted)
+            requests.remove(request)
+            slots.give_back(request[1], request[0].result(), request[2])
+        elif waiting:
+            rng.choice(waiting)[0].cancel()
+        await _turns()
+        requests = [r for r in requests if not r[0].cancelled()]
+        for tier in tiers:
+            busy = {o for (t, o) in slots.held if t == tier} | set(slots._queues[tier])
+            assert slots._busy[tier] == busy
+            assert slots._busy_recent[tier] == len(busy & set(slots._last_done[tier]))
+            if slots.waiting(tier):
+                expected = grantable_reference(slots, tier, clock[0])
+                assert slots._grantable(tier) is expected
+                held_back += expected is None
+                handed_on += expected is not None
+        del slots._grant
+        slots._grant()
+        await _turns()
+    for task, _, _ in requests:
+        task.cancel()
+    await _turns()
+    assert held_back > 150 and handed_on > 150  # both kinds of decision were compared

@@ -10,7 +10,8 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from gateway.upstream.engine_slots import EngineBusy, EngineSlots, SlotPolicy, slot_policies
+from gateway.upstream.engine_slots import EngineBusy, EngineSlots
+from gateway.upstream.slot_policy import SlotPolicy, slot_policies
 from serving.settings import DEFAULT_VARIANTS_FILE
 from serving.variants import load_variants
 from tests.support.gateway import GatewayServer, held_stream, slot_holding_body

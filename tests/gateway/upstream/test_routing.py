@@ -10,9 +10,10 @@ import pytest
 from gateway.api.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.api.shaping import prefix_key
 from gateway.metrics import GatewayMetrics
-from gateway.upstream.engine_slots import EngineSlots, SlotPolicy
+from gateway.upstream.engine_slots import EngineSlots
 from gateway.upstream.pools import Replica, UpstreamPool
 from gateway.upstream.routing import LOAD_SLACK, PrefixTable
+from gateway.upstream.slot_policy import SlotPolicy
 
 SYSTEM = {"role": "system", "content": "You are a coding agent. " * 40}
 
