@@ -57,6 +57,7 @@ class SlotSharing:
         default_factory=lambda: {"fast": 10.0, "standard": 60.0}
     )
     fair_headroom: int = 2
+    keep_s: float = 0.05
 
 
 @dataclass(frozen=True)
@@ -174,9 +175,13 @@ def _slot_sharing(raw: dict[str, Any], path: Path) -> SlotSharing:
         standard_min_share=float(raw.get("standard_min_share", defaults.standard_min_share)),
         max_queue_wait_s={tier: float(wait) for tier, wait in waits.items()},
         fair_headroom=raw.get("fair_headroom", defaults.fair_headroom),
+        keep_s=raw.get("keep_s", defaults.keep_s),
     )
     if not isinstance(sharing.fair_headroom, int) or sharing.fair_headroom < 0:
         raise VariantError(f"{path}: slot_sharing.fair_headroom must be a whole number >= 0")
+    keep = sharing.keep_s
+    if isinstance(keep, bool) or not isinstance(keep, int | float) or not 0 <= keep <= 10:
+        raise VariantError(f"{path}: slot_sharing.keep_s must be seconds from 0 to 10")
     shares = (sharing.standard_min_share, sharing.standard_max_share)
     if not 0 <= shares[0] <= shares[1] <= 1:
         raise VariantError(f"{path}: slot_sharing shares must be 0 <= min <= max <= 1")

@@ -23,6 +23,10 @@ engine's requests to its batch size (``max-num-seqs``) itself and decides who go
   org of the tier is under its share (the tier's slots over its active orgs: those
   holding slots, waiting, or done within ``recent_s``), an org over its share leaves
   ``fair_headroom`` slots free for it. Alone in a tier, an org takes them all.
+- The slots an org gives back stay its own for ``keep_s`` against orgs over their share:
+  an org whose clients' requests end together (streams of one length, started together)
+  may drop further under its share than the headroom covers, and its next requests,
+  arriving a moment later, would each wait for a request of the busy org to end.
 """
 
 from __future__ import annotations
@@ -81,7 +85,10 @@ class EngineSlots:
         self._turns: dict[str, list[tuple[int, int, str, asyncio.Future[int]]]] = {
             t: [] for t in TIERS
         }
+        #: Slots each org gave back within ``keep_s``, kept for it (slots, until when).
+        self._kept: dict[str, dict[str, tuple[int, float]]] = {t: {} for t in TIERS}
         self._regrant: asyncio.TimerHandle | None = None
+        self._regrant_at = 0.0  # when it fires (``time.monotonic()``)
 
     def waiting(self, tier: str) -> int:
         return self._waiters[tier]
@@ -115,7 +122,8 @@ class EngineSlots:
         counted, not walked: each that is not busy holds nothing and is short of its whole
         share, so at most ``fair_headroom`` of them are visited. So are the busy ones: all
         but those holding slots (the engine's batch size at most) are short by one or more."""
-        if free_after >= self.policy.fair_headroom:
+        kept = self._kept_for_others(tier, org)
+        if free_after >= self.policy.fair_headroom and free_after >= kept:
             return True
         held = self.held.get((tier, org), 0)
         if not held:
@@ -129,6 +137,8 @@ class EngineSlots:
         share = tier_slots / (others + 1)
         if held + weight <= share:
             return True
+        if free_after < kept:
+            return False  # slots another org just gave back are still its own
         short = 0  # what the others are short of their shares, counted up to the headroom
         for other in busy:
             if other != org:
@@ -152,6 +162,20 @@ class EngineSlots:
             if org in self._busy[tier]:
                 self._busy_recent[tier] -= 1
         return done
+
+    def _kept_for_others(self, tier: str, org: str) -> int:
+        """The slots kept for orgs other than ``org`` (those given back within ``keep_s``;
+        a few orgs at most: the ones whose requests ended that long ago)."""
+        kept = self._kept[tier]
+        if not kept:
+            return 0
+        now, total = time.monotonic(), 0
+        for other, (slots, until) in list(kept.items()):
+            if until <= now:
+                del kept[other]
+            elif other != org:
+                total += slots
+        return total
 
     def _count_busy(self, tier: str, org: str) -> None:
         """``org``'s place among the tier's busy orgs, after its holding or line changed."""
@@ -197,6 +221,10 @@ class EngineSlots:
             self.held[(tier, org)] = held
         else:
             self.held.pop((tier, org), None)
+        if slots > 0 and org in self._kept[tier]:  # taking back what was kept for it
+            kept, until = self._kept[tier].pop(org)
+            if kept > slots:
+                self._kept[tier][org] = (kept - slots, until)
         self._count_busy(tier, org)
         self._push_turn(tier, org)
 
@@ -262,10 +290,17 @@ class EngineSlots:
 
     def give_back(self, tier: str, taken: int, org: str = "") -> None:
         self._hold(tier, org, -taken)
+        now = time.monotonic()
+        if self.policy.fair_headroom and self.policy.keep_s > 0:
+            kept, until = self._kept[tier].get(org, (0, now))
+            self._kept[tier][org] = (
+                (kept if until > now else 0) + taken,
+                now + self.policy.keep_s,
+            )
         done = self._last_done[tier]
         if org not in done and org in self._busy[tier]:
             self._busy_recent[tier] += 1
-        done[org] = time.monotonic()
+        done[org] = now
         done.move_to_end(org)  # oldest first: monotonic times, each org once
         # Every org that ever sent a request would stay otherwise (only the recent count).
         self._recently_done(tier)
@@ -327,25 +362,33 @@ class EngineSlots:
                 heapq.heappush(turns, entry)
 
     def _arm_regrant(self) -> None:
-        """Headroom kept for orgs that went quiet is handed on once they no longer count
-        as active (``recent_s`` after their last request ended), not only at the next
-        request's end: a timer, while requests wait beside free slots."""
+        """Room kept for others is handed on once it is no longer theirs, not only at the
+        next request's end: kept slots after ``keep_s``, headroom once the orgs it is kept
+        for no longer count as active (``recent_s`` after their last request ended). A
+        timer, while requests wait beside free slots."""
         if (
             not self.policy.fair_headroom
-            or self._regrant is not None
             or sum(self.in_flight.values()) >= self.policy.size
             or not any(self.waiting(t) for t in TIERS)
         ):
             return
         # The earliest of the tiers' oldest recent orgs stops counting first.
-        oldest = [next(iter(done.values())) for t in TIERS if (done := self._recently_done(t))]
-        if not oldest:
+        due = [next(iter(done.values())) + self.policy.recent_s for t in TIERS
+               if (done := self._recently_done(t))]  # fmt: skip
+        due += [until for t in TIERS for _, until in self._kept[t].values()]
+        if not due:
             return
-        delay = min(oldest) + self.policy.recent_s - time.monotonic()
+        at = min(due)
+        if self._regrant is not None:
+            if self._regrant_at <= at:
+                return
+            self._regrant.cancel()  # something is handed on sooner
+            self._regrant = None
         with contextlib.suppress(RuntimeError):  # no running loop: nobody waits on it
             self._regrant = asyncio.get_running_loop().call_later(
-                max(delay, 0.001), self._regrant_now
+                max(at - time.monotonic(), 0.001), self._regrant_now
             )
+            self._regrant_at = at
 
     def _regrant_now(self) -> None:
         self._regrant = None

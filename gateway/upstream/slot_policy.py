@@ -28,6 +28,9 @@ class SlotPolicy:
     fair_headroom: int = 2
     #: How long after its last request ended an org still counts as active in a tier.
     recent_s: float = 1.0
+    #: How long slots an org gives back stay kept for it from orgs over their share (its
+    #: closed-loop clients' next requests arrive within it; with ``fair_headroom`` 0, none).
+    keep_s: float = 0.05
 
     @property
     def standard_cap(self) -> int:
@@ -73,5 +76,6 @@ def slot_policies(
                 book.slot_sharing.standard_max_share,
                 book.slot_sharing.standard_min_share,
                 book.slot_sharing.fair_headroom,
+                keep_s=book.slot_sharing.keep_s,
             )
     return policies

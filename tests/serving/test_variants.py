@@ -61,6 +61,8 @@ def test_every_variant_parses_reasoning() -> None:
         ("slot_sharing: {fair_headroom: -1}", "fair_headroom must be a whole number"),
         ("slot_sharing: {fair_headroom: 1.5}", "fair_headroom must be a whole number"),
         ("slot_sharing: {standard_min_share: 0.9}", "0 <= min <= max <= 1"),
+        ("slot_sharing: {keep_s: -0.1}", "keep_s must be seconds from 0 to 10"),
+        ("slot_sharing: {keep_s: soon}", "keep_s must be seconds from 0 to 10"),
     ],
 )
 def test_bad_sections_are_refused_naming_the_field(

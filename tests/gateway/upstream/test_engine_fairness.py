@@ -73,7 +73,8 @@ async def test_the_tier_shares_still_hold_with_orgs() -> None:
 
 
 async def test_an_org_over_its_share_leaves_headroom_for_one_under_it() -> None:
-    slots = EngineSlots(SlotPolicy(size=8, shared=False, fair_headroom=2, recent_s=0.2))
+    policy = SlotPolicy(size=8, shared=False, fair_headroom=2, recent_s=0.2, keep_s=0.05)
+    slots = EngineSlots(policy)
     assert slots.try_take("fast", 1, "org-b") == 1
     # org-a (share 4 of 8 with org-b active) takes up to 2 free slots less than it could.
     assert [slots.try_take("fast", 1, "org-a") for _ in range(6)] == [1] * 5 + [None]
@@ -83,19 +84,52 @@ async def test_an_org_over_its_share_leaves_headroom_for_one_under_it() -> None:
     await _turns()
     assert all(task.done() for task in late) and not any(task.done() for task in flood)
     assert slots.held == {("fast", "org-a"): 5, ("fast", "org-b"): 3}
-    # org-b goes quiet: within recent_s its headroom is kept, then org-a gets every slot
-    # without waiting for another request to end.
+    # org-b goes quiet: within keep_s the slots it gave back are kept, within recent_s its
+    # headroom, then org-a gets every slot without waiting for another request to end.
     for _ in range(3):
         slots.give_back("fast", 1, "org-b")
     await _turns()
+    assert not any(task.done() for task in flood)
+    await asyncio.sleep(0.1)
+    await _turns()
     assert [task.done() for task in flood].count(True) == 1  # 6 of 8: 2 kept for org-b
-    await asyncio.sleep(0.4)
+    await asyncio.sleep(0.3)
     await _turns()
     assert [task.done() for task in flood].count(True) == 3
     assert slots.held == {("fast", "org-a"): 8}
     for task in flood:
         task.cancel()
     await asyncio.gather(*flood, return_exceptions=True)
+
+
+async def test_slots_an_org_gives_back_together_stay_its_own_for_a_moment() -> None:
+    """org-b's four requests end together (streams of one length, started together):
+    its next four, a moment later, find the four slots it gave back, though org-a's flood
+    waits and the headroom is two. Past ``keep_s``, only the headroom is kept for it."""
+    policy = SlotPolicy(size=8, shared=False, fair_headroom=2, recent_s=5.0, keep_s=0.1)
+    slots = EngineSlots(policy)
+    assert [slots.try_take("fast", 1, org) for org in ["org-b"] * 4 + ["org-a"] * 4] == [1] * 8
+    flood = await _queued(slots, "org-a", 10)
+    for _ in range(4):
+        slots.give_back("fast", 1, "org-b")
+    await _turns()
+    assert not any(task.done() for task in flood)
+    back = await _queued(slots, "org-b", 4)
+    await _turns()
+    assert all(task.done() for task in back) and not any(task.done() for task in flood)
+    assert slots.held == {("fast", "org-a"): 4, ("fast", "org-b"): 4}
+    # The same, with org-b back only after keep_s: org-a was handed all but the headroom.
+    for _ in range(4):
+        slots.give_back("fast", 1, "org-b")
+    await asyncio.sleep(0.2)
+    await _turns()
+    assert [task.done() for task in flood].count(True) == 2
+    late = await _queued(slots, "org-b", 4)
+    await _turns()
+    assert [task.done() for task in late].count(True) == 2
+    for task in flood + late:
+        task.cancel()
+    await asyncio.gather(*flood, *late, return_exceptions=True)
 
 
 async def test_headroom_is_no_more_than_the_others_are_short() -> None:
@@ -209,11 +243,13 @@ def leaves_headroom_reference(
     slots: EngineSlots, tier: str, org: str, weight: int, now: float
 ) -> bool:
     """The headroom rule as the module's docstring states it, by brute force: the tier's
-    active orgs are those holding slots, waiting, or done within ``recent_s``."""
+    active orgs are those holding slots, waiting, or done within ``recent_s``; the slots
+    other orgs gave back within ``keep_s`` (``_kept``) are theirs."""
     policy = slots.policy
     free_after = slots._fits(tier, weight)  # the tiers' split: not what is checked here
     assert free_after is not None
-    if free_after >= policy.fair_headroom or not slots.held.get((tier, org), 0):
+    kept = sum(n for o, (n, until) in slots._kept[tier].items() if o != org and until > now)
+    if free_after >= max(policy.fair_headroom, kept) or not slots.held.get((tier, org), 0):
         return True
     active = {o for (t, o) in slots.held if t == tier} | set(slots._queues[tier])
     active |= {o for o, at in slots._last_done[tier].items() if at >= now - policy.recent_s}
@@ -224,6 +260,8 @@ def leaves_headroom_reference(
     share = tier_slots / (len(others) + 1)
     if slots.held[(tier, org)] + weight <= share:
         return True
+    if free_after < kept:
+        return False
     short = sum(max(0, math.ceil(share - slots.held.get((tier, o), 0))) for o in others)
     return short < policy.fair_headroom and free_after >= short
 

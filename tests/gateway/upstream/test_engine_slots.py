@@ -89,7 +89,7 @@ async def test_a_request_takes_a_slot_per_sequence() -> None:
 def test_policies_follow_the_variants() -> None:
     book = load_variants(DEFAULT_VARIANTS_FILE)
     shared = slot_policies({"fast": ["http://e"], "standard": ["http://e"]}, book, "cpu")
-    assert shared["http://e"] == SlotPolicy(8, True, 0.75, 0.25)
+    assert shared["http://e"] == SlotPolicy(8, True, 0.75, 0.25, fair_headroom=2, keep_s=0.05)
     split = slot_policies({"fast": ["http://f"], "standard": ["http://s"]}, book, "gpu")
     assert (split["http://f"].size, split["http://s"].size) == (16, 256)
     assert not split["http://f"].shared
