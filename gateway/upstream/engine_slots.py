@@ -39,6 +39,7 @@ import math
 import time
 from collections import OrderedDict, deque
 
+from gateway.upstream.kept_slots import KeptSlots
 from gateway.upstream.slot_policy import SlotPolicy
 from serving.vocabulary import TIERS, Tier
 
@@ -85,8 +86,8 @@ class EngineSlots:
         self._turns: dict[str, list[tuple[int, int, str, asyncio.Future[int]]]] = {
             t: [] for t in TIERS
         }
-        #: Slots each org gave back within ``keep_s``, kept for it (slots, until when).
-        self._kept: dict[str, dict[str, tuple[int, float]]] = {t: {} for t in TIERS}
+        #: Slots each org gave back within ``keep_s``, kept for it.
+        self._kept = {t: KeptSlots(policy.keep_s) for t in TIERS}
         self._regrant: asyncio.TimerHandle | None = None
         self._regrant_at = 0.0  # when it fires (``time.monotonic()``)
 
@@ -122,7 +123,7 @@ class EngineSlots:
         counted, not walked: each that is not busy holds nothing and is short of its whole
         share, so at most ``fair_headroom`` of them are visited. So are the busy ones: all
         but those holding slots (the engine's batch size at most) are short by one or more."""
-        kept = self._kept_for_others(tier, org)
+        kept = self._kept[tier].for_others(org, time.monotonic())
         if free_after >= self.policy.fair_headroom and free_after >= kept:
             return True
         held = self.held.get((tier, org), 0)
@@ -162,20 +163,6 @@ class EngineSlots:
             if org in self._busy[tier]:
                 self._busy_recent[tier] -= 1
         return done
-
-    def _kept_for_others(self, tier: str, org: str) -> int:
-        """The slots kept for orgs other than ``org`` (those given back within ``keep_s``;
-        a few orgs at most: the ones whose requests ended that long ago)."""
-        kept = self._kept[tier]
-        if not kept:
-            return 0
-        now, total = time.monotonic(), 0
-        for other, (slots, until) in list(kept.items()):
-            if until <= now:
-                del kept[other]
-            elif other != org:
-                total += slots
-        return total
 
     def _count_busy(self, tier: str, org: str) -> None:
         """``org``'s place among the tier's busy orgs, after its holding or line changed."""
@@ -221,10 +208,8 @@ class EngineSlots:
             self.held[(tier, org)] = held
         else:
             self.held.pop((tier, org), None)
-        if slots > 0 and org in self._kept[tier]:  # taking back what was kept for it
-            kept, until = self._kept[tier].pop(org)
-            if kept > slots:
-                self._kept[tier][org] = (kept - slots, until)
+        if slots > 0:
+            self._kept[tier].take(org, slots)
         self._count_busy(tier, org)
         self._push_turn(tier, org)
 
@@ -290,17 +275,12 @@ class EngineSlots:
 
     def give_back(self, tier: str, taken: int, org: str = "") -> None:
         self._hold(tier, org, -taken)
-        now = time.monotonic()
         if self.policy.fair_headroom and self.policy.keep_s > 0:
-            kept, until = self._kept[tier].get(org, (0, now))
-            self._kept[tier][org] = (
-                (kept if until > now else 0) + taken,
-                now + self.policy.keep_s,
-            )
+            self._kept[tier].keep(org, taken, time.monotonic())
         done = self._last_done[tier]
         if org not in done and org in self._busy[tier]:
             self._busy_recent[tier] += 1
-        done[org] = now
+        done[org] = time.monotonic()
         done.move_to_end(org)  # oldest first: monotonic times, each org once
         # Every org that ever sent a request would stay otherwise (only the recent count).
         self._recently_done(tier)
@@ -375,7 +355,8 @@ class EngineSlots:
         # The earliest of the tiers' oldest recent orgs stops counting first.
         due = [next(iter(done.values())) + self.policy.recent_s for t in TIERS
                if (done := self._recently_done(t))]  # fmt: skip
-        due += [until for t in TIERS for _, until in self._kept[t].values()]
+        now = time.monotonic()
+        due += [end for t in TIERS if (end := self._kept[t].next_end(now)) is not None]
         if not due:
             return
         at = min(due)

@@ -248,7 +248,7 @@ def leaves_headroom_reference(
     policy = slots.policy
     free_after = slots._fits(tier, weight)  # the tiers' split: not what is checked here
     assert free_after is not None
-    kept = sum(n for o, (n, until) in slots._kept[tier].items() if o != org and until > now)
+    kept = sum(n for o, n in slots._kept[tier].items(now).items() if o != org)
     if free_after >= max(policy.fair_headroom, kept) or not slots.held.get((tier, org), 0):
         return True
     active = {o for (t, o) in slots.held if t == tier} | set(slots._queues[tier])
@@ -357,6 +357,8 @@ async def test_who_goes_next_matches_the_reference_with_many_orgs_waiting(
             busy = {o for (t, o) in slots.held if t == tier} | set(slots._queues[tier])
             assert slots._busy[tier] == busy
             assert slots._busy_recent[tier] == len(busy & set(slots._last_done[tier]))
+            kept = slots._kept[tier]
+            assert kept.for_others("", clock[0]) == sum(kept.items(clock[0]).values())
             if slots.waiting(tier):
                 expected = grantable_reference(slots, tier, clock[0])
                 assert slots._grantable(tier) is expected
