@@ -87,7 +87,7 @@ class EngineSlots:
             t: [] for t in TIERS
         }
         #: Slots each org gave back within ``keep_s``, kept for it.
-        self._kept = {t: KeptSlots(policy.keep_s) for t in TIERS}
+        self._kept: dict[str, KeptSlots] = {t: KeptSlots(policy.keep_s) for t in TIERS}
         self._regrant: asyncio.TimerHandle | None = None
         self._regrant_at = 0.0  # when it fires (``time.monotonic()``)
 
