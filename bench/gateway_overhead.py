@@ -21,7 +21,9 @@ default Redis, with its password) and, in front of that one upstream, side by si
 - with `--tensorzero PYTHON`, TensorZero's gateway (`tensorzero==2026.6.0`, Rust inside
   its wheel), no auth, metering or observability; it refuses `n` other than 1, so its
   varied requests have n = 1 (its rows say so). `bench/peers.py` starts the peers and
-  says how to install them.
+  says how to install them;
+- with `--framework-floor`, uvicorn serving a trivial app (`bench/framework_floor.py`): what
+  the server framework alone costs a request, before any of the gateway's work.
 
 Every gateway runs with engine admission off (`CSTACK_ENGINE_ADMISSION=false`): the
 stand-in upstream is no engine with a batch size, and holding it to the cpu profile's 8
@@ -62,6 +64,7 @@ through the headline gateway.
     .venv/bin/python bench/gateway_overhead.py [--litellm /tmp/litellm-venv/bin/litellm]
         [--seconds 10] [--rounds 2] [--clients 8] [--rate 300] [--vllm-url URL]
         [--baseline-tree DIR] [--no-workers-row] [--throughput-only] [--pin]
+        [--framework-floor]
 """
 
 from __future__ import annotations
@@ -98,6 +101,7 @@ from stand_in_upstream import set_upstream_delay
 
 ROOT = Path(__file__).resolve().parents[1]
 STAND_IN_UPSTREAM = Path(__file__).with_name("stand_in_upstream.py")
+FRAMEWORK_FLOOR = Path(__file__).with_name("framework_floor.py")
 CHAT_BODY = {
     "model": "composer-2.5",
     "messages": [{"role": "user", "content": "hi"}],
@@ -568,6 +572,11 @@ def main() -> None:
         "--throughput-only", action="store_true", help="skip part 2 (the paced latency)"
     )
     parser.add_argument(
+        "--framework-floor",
+        action="store_true",
+        help="add uvicorn serving a trivial app (bench/framework_floor.py): the framework's cost",
+    )
+    parser.add_argument(
         "--pin",
         action="store_true",
         help="one-worker gateways on one CPU, the rest on the others (as in a pod)",
@@ -653,6 +662,15 @@ def main() -> None:
                        single_choice=True)
             )  # fmt: skip
             one_worker.append(process.pid)
+        if args.framework_floor:
+            port = free_port()
+            processes.append(start_process([sys.executable, str(FRAMEWORK_FLOOR), str(port)]))
+            wait_http(f"http://127.0.0.1:{port}/", processes[-1])
+            targets.append(
+                Target("EXTRA: uvicorn and a trivial app (the server framework alone)", port,
+                       [], [processes[-1].pid])
+            )  # fmt: skip
+            one_worker.append(processes[-1].pid)
         if args.pin:
             cpus = sorted(os.sched_getaffinity(0))
             pin(one_worker, set(cpus[:1]))
