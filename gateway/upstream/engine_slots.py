@@ -116,7 +116,8 @@ class EngineSlots:
 
     def _leaves_headroom(self, tier: str, org: str, weight: int, free_after: int) -> bool:
         """False when ``org`` would take, over its share, the room kept for orgs under
-        theirs (``fair_headroom`` slots at most, and no more than they are short).
+        theirs (``fair_headroom`` slots at most, and no more than they are short), or
+        slots another org gave back within ``keep_s``.
 
         The tier's active orgs are the busy ones and those done within ``recent_s``. The
         recent ones may be thousands (every customer of the last second), so they are
