@@ -136,9 +136,10 @@ async def run(args: argparse.Namespace) -> None:
                         ttfts, tokens, failed = await scenario(
                             orgs, gateway.url, keys, a_clients, args
                         )
-                        pooled[a_clients] += [t * 1000 for t in ttfts]
+                        ms = [t * 1000 for t in ttfts]
+                        pooled[a_clients] += ms
                         rates[a_clients].append(tokens / args.seconds)
-                        p99[a_clients] = quantile([t * 1000 for t in ttfts], 0.99)
+                        p99[a_clients] = quantile(ms, 0.99)
                         errors += failed
                     print(f"round {round_ + 1}: B's TTFT p99 {p99[loads[0]]:.0f} ms at 1x, "
                           f"{p99[loads[1]]:.0f} ms at 10x: "
@@ -176,7 +177,10 @@ def main() -> None:
     parser.add_argument(
         "--warmup-s", type=float, default=3.0, help="both orgs' load before each scenario counts"
     )
-    asyncio.run(run(parser.parse_args()))
+    args = parser.parse_args()
+    if args.rounds < 1 or args.seconds <= 0:
+        parser.error("--rounds must be 1 or more and --seconds above 0")
+    asyncio.run(run(args))
 
 
 if __name__ == "__main__":
