@@ -1,6 +1,7 @@
 """The fast tier's promise under load: real vLLM, both tiers on one engine, mixed load.
 
     python bench/tiers.py [--probes 12] [--load-clients 16] [--load-tokens 256] [--no-sweep]
+        [--sweep-only] [--load-unstreamed]
 
 Starts what `cstack up` runs (the tiny checkpoint on vLLM's shared variant, an
 authenticated Valkey, `cstack gateway` with billing on) and measures, through the gateway:
@@ -20,7 +21,8 @@ workload hides a slow tier: for a short and a ~400-token prompt, fast probes of 
 alone and under standard load of 12 and 16 clients of 64 and 256 tokens, and standard
 probes under the same fast loads; it ends with the worst ratio and the worst p99. The sweep
 runs with standard streaming 8 tokens a chunk (the shared variant's ``tier_stream_interval``,
-production) and, as the labelled extra, every token.
+production) and, as the labelled extra, every token. With ``--load-unstreamed`` the load's
+clients ask for whole answers (which the gateway assembles from vLLM's stream).
 """
 
 from __future__ import annotations
@@ -113,6 +115,22 @@ async def stream_once(
     return stamps[0] - started, gaps, tokens
 
 
+async def complete_once(
+    client: httpx.AsyncClient, tier: str, max_tokens: int, messages: list[dict[str, str]] = PROMPT
+) -> int:
+    """The completion tokens of one unstreamed completion (``--load-unstreamed``)."""
+    body = {
+        "model": f"composer-2.5-{tier}",
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+    }
+    response = await client.post("/v1/chat/completions", json=body)
+    if response.status_code != 200:
+        raise RuntimeError(f"{response.status_code}: {response.text[:200]}")
+    return int(response.json()["usage"]["completion_tokens"])
+
+
 async def probe(
     client: httpx.AsyncClient, tier: str, args: argparse.Namespace, result: Probe
 ) -> None:
@@ -131,7 +149,10 @@ async def load(
 ) -> None:
     while True:
         try:
-            _, _, tokens = await stream_once(client, tier, args.load_tokens, args.messages)
+            if args.load_unstreamed:
+                tokens = await complete_once(client, tier, args.load_tokens, args.messages)
+            else:
+                _, _, tokens = await stream_once(client, tier, args.load_tokens, args.messages)
             result.tokens += tokens
         except (RuntimeError, httpx.HTTPError):
             result.errors += 1
@@ -344,6 +365,11 @@ def main() -> None:
     )
     parser.add_argument("--sweep-only", action="store_true", help="only the workload sweep")
     parser.add_argument("--engine-url", help="a running vLLM (tiny, shared variant) to reuse")
+    parser.add_argument(
+        "--load-unstreamed",
+        action="store_true",
+        help="the load asks for whole answers, not streams (probes stream, to time them)",
+    )
     args = parser.parse_args()
     args.messages = PROMPT
     asyncio.run(run(args))
