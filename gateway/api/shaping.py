@@ -89,6 +89,8 @@ def shape_request(
     body["model"] = route.served_model
     if route.priority is not None:
         body["priority"] = route.priority
+    if route.stream_interval and body.get("stream"):
+        body["stream_interval"] = route.stream_interval
     if isinstance(parsed, ChatCompletionRequest):
         if len(parsed.messages) > settings.max_messages:
             raise bad_request(
@@ -125,14 +127,9 @@ def shape_request(
         raise bad_request(
             "stream_options: only allowed when stream is true", param="stream_options"
         )
-    # Streamed from vLLM in every case: see gateway.api.handler's docstring. In the tier's
-    # chunks whether the client streams or not: an assembled answer's chunks reach no
-    # client, and each is an SSE event in vLLM's API server, which both tiers of a shared
-    # engine wait on.
+    # Streamed from vLLM in every case: see gateway.api.handler's docstring.
     body["stream"] = True
     body["stream_options"] = UPSTREAM_STREAM_OPTIONS
-    if route.stream_interval:
-        body["stream_interval"] = route.stream_interval
     per_sequence = body["max_tokens"] if context is None else min(body["max_tokens"], context)
     upstream_body = pydantic_core.to_json(body)
     # An upper bound: see the module docstring.
