@@ -79,18 +79,27 @@ def quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+def completion_body(
+    tier: str, max_tokens: int, messages: list[dict[str, str]]
+) -> dict[str, object]:
+    """A chat completion of ``tier`` that generates all ``max_tokens``."""
+    return {
+        "model": f"composer-2.5-{tier}",
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+    }
+
+
 async def stream_once(
     client: httpx.AsyncClient, tier: str, max_tokens: int, messages: list[dict[str, str]] = PROMPT
 ) -> tuple[float, list[float], int]:
     """(TTFT, gaps between content chunks, completion tokens) of one streamed completion
     (a chunk may carry several tokens: the tokens come from the stream's usage)."""
     body = {
-        "model": f"composer-2.5-{tier}",
-        "messages": messages,
-        "max_tokens": max_tokens,
+        **completion_body(tier, max_tokens, messages),
         "stream": True,
         "stream_options": {"include_usage": True},
-        "ignore_eos": True,
     }
     started = time.perf_counter()
     stamps: list[float] = []
@@ -120,12 +129,7 @@ async def complete_once(
     client: httpx.AsyncClient, tier: str, max_tokens: int, messages: list[dict[str, str]] = PROMPT
 ) -> int:
     """The completion tokens of one unstreamed completion (``--load-unstreamed``)."""
-    body = {
-        "model": f"composer-2.5-{tier}",
-        "messages": messages,
-        "max_tokens": max_tokens,
-        "ignore_eos": True,
-    }
+    body = completion_body(tier, max_tokens, messages)
     response = await client.post("/v1/chat/completions", json=body)
     if response.status_code != 200:
         raise RuntimeError(f"{response.status_code}: {response.text[:200]}")
