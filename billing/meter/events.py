@@ -17,7 +17,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 from billing.ledger.reporting import RECEIPTS_PATH
 from billing.meter.protocol import Admission, Outcome, UsageReport
-from billing.prices.pricing import PriceBook, charge
+from billing.prices.pricing import Charge, PriceBook, charge
 from serving.vocabulary import Tier
 
 EVENT_SCHEMA_VERSION = 1
@@ -72,17 +72,9 @@ class UsageEvent(BaseModel):
         return Fraction(self.promotion_multiplier)
 
 
-def usage_event_fields(book: PriceBook, admission: Admission, usage: UsageReport) -> dict[str, Any]:
-    """Price a finished request (by the tokens vLLM actually produced) into its event's
-    fields, in ``UsageEvent``'s order and form.
-
-    The gateway serialises these straight to the stream (``usage_event_json``): validating
-    a model it has just built from its own numbers cost a metered request more than pricing
-    it did. Whoever reads the event validates it (``UsageEvent.model_validate_json``: the
-    ledger writer, which dead-letters what does not validate). ``usage_event`` is the
-    validated form of the same fields.
-    """
-    priced = charge(
+def usage_charge(book: PriceBook, usage: UsageReport) -> Charge:
+    """What a finished request costs: the tokens vLLM produced, at the prices of its start."""
+    return charge(
         book,
         tier=usage.tier,
         model=usage.model,
@@ -91,6 +83,23 @@ def usage_event_fields(book: PriceBook, admission: Admission, usage: UsageReport
         completion_tokens=usage.completion_tokens,
         at=usage.started_at,
     )
+
+
+def usage_event_fields(
+    book: PriceBook, admission: Admission, usage: UsageReport, priced: Charge | None = None
+) -> dict[str, Any]:
+    """Price a finished request (by the tokens vLLM actually produced) into its event's
+    fields, in ``UsageEvent``'s order and form (``priced``: its ``usage_charge``, when
+    already made for its answer).
+
+    The gateway serialises these straight to the stream (``usage_event_json``): validating
+    a model it has just built from its own numbers cost a metered request more than pricing
+    it did. Whoever reads the event validates it (``UsageEvent.model_validate_json``: the
+    ledger writer, which dead-letters what does not validate). ``usage_event`` is the
+    validated form of the same fields.
+    """
+    if priced is None:
+        priced = usage_charge(book, usage)
     return {
         "schema_version": EVENT_SCHEMA_VERSION,
         "event_id": usage.request_id,
@@ -126,19 +135,14 @@ def usage_event(book: PriceBook, admission: Admission, usage: UsageReport) -> Us
     return UsageEvent(**usage_event_fields(book, admission, usage))
 
 
-def answer_cost(book: PriceBook, usage: UsageReport) -> dict[str, Any]:
+def answer_cost(
+    book: PriceBook, usage: UsageReport, priced: Charge | None = None
+) -> dict[str, Any]:
     """What a request costs, as its answer's ``usage.cstack_cost``: priced as its usage
     event is (the same tokens, tier, model and start), so the ledger says the same. How
     much the allowance covers is the month's to say: its receipt, at ``receipt``."""
-    priced = charge(
-        book,
-        tier=usage.tier,
-        model=usage.model,
-        prompt_tokens=usage.prompt_tokens,
-        cached_tokens=usage.cached_tokens,
-        completion_tokens=usage.completion_tokens,
-        at=usage.started_at,
-    )
+    if priced is None:
+        priced = usage_charge(book, usage)
     promotion = (
         {"id": priced.promotion_id, "usage_multiplier": str(priced.usage_multiplier)}
         if priced.promotion_id
@@ -152,3 +156,37 @@ def answer_cost(book: PriceBook, usage: UsageReport) -> dict[str, Any]:
         "allowance_cost_nano_usd": priced.allowance_cost_nano,
         "receipt": f"{RECEIPTS_PATH}/{usage.request_id}",
     }
+
+
+def _priced_on(usage: UsageReport) -> tuple[object, ...]:
+    """What a usage's charge depends on."""
+    return (
+        usage.tier,
+        usage.model,
+        usage.prompt_tokens,
+        usage.cached_tokens,
+        usage.completion_tokens,
+        usage.started_at,
+    )
+
+
+class AnswerCharges:
+    """Answers priced for their ``cstack_cost``, by request id, until their settlement,
+    which takes the charge back for the same usage rather than pricing it again (at most
+    ``limit`` kept: a request that never settled must not hold its entry for ever)."""
+
+    def __init__(self, limit: int = 10_000) -> None:
+        self._limit = limit
+        self._charges: dict[str, tuple[tuple[object, ...], Charge]] = {}
+
+    def remember(self, usage: UsageReport, priced: Charge) -> None:
+        if len(self._charges) >= self._limit:
+            self._charges.clear()  # only a saving: the settlements price them anew
+        self._charges[usage.request_id] = (_priced_on(usage), priced)
+
+    def take(self, usage: UsageReport) -> Charge | None:
+        """The charge remembered for the request, if it priced the same usage."""
+        remembered = self._charges.pop(usage.request_id, None)
+        if remembered is None or remembered[0] != _priced_on(usage):
+            return None
+        return remembered[1]

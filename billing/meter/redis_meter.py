@@ -26,7 +26,13 @@ from typing import Any, cast
 from redis import exceptions as redis_errors
 
 from billing import metrics
-from billing.meter.events import answer_cost, usage_event_fields, usage_event_json
+from billing.meter.events import (
+    AnswerCharges,
+    answer_cost,
+    usage_charge,
+    usage_event_fields,
+    usage_event_json,
+)
 from billing.meter.keyspace import Keyspace
 from billing.meter.lease_state import Lease, headroom
 from billing.meter.leases import LEASE_SCRIPT, RETURN_LEASE_SCRIPT, Leases
@@ -112,6 +118,7 @@ class RedisMeter:
         #: ``metrics.usage_events`` by (tier, outcome), bound once: ``labels()`` costs a
         #: lock and a lookup, per settlement.
         self._usage_events: dict[tuple[str, str], Any] = {}
+        self._answer_charges = AnswerCharges()
         #: The spool replay started by ``settle_nowait`` (its one reference).
         self._replaying: asyncio.Task[int] | None = None
         #: The billing period admission names its budget keys by: Redis's clock's month,
@@ -376,7 +383,7 @@ class RedisMeter:
     def _priced(self, admission: Admission, usage: UsageReport) -> Record:
         """What a settlement sends (and what the spool keeps if Redis is down): the usage
         priced, its event serialised once."""
-        event = usage_event_fields(self.book, admission, usage)
+        event = usage_event_fields(self.book, admission, usage, self._answer_charges.take(usage))
         reservation = usage.request_id
         if admission.reservation_id:
             period, reservation = admission.reservation_id.split("/", 1)
@@ -406,10 +413,12 @@ class RedisMeter:
 
     def usage_cost(self, usage: UsageReport) -> dict[str, Any] | None:
         try:
-            return answer_cost(self.book, usage)
+            priced = usage_charge(self.book, usage)
         except Exception:  # an answer goes out without its cost rather than not at all
             logger.exception("cannot price the answer of request %s", usage.request_id)
             return None
+        self._answer_charges.remember(usage, priced)
+        return answer_cost(self.book, usage, priced)
 
     async def _renew(self, keys: list[str], args: list[str]) -> int:
         """Push the reservations' expiries (``args``: the TTL, then a member per key). On

@@ -13,6 +13,7 @@ file and any dead process's, which the markers make idempotent.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -71,6 +72,13 @@ def _record_outcome(reply: Any) -> BaseException | None:
     return BaseParser.parse_error(text)
 
 
+@functools.lru_cache(maxsize=64)
+def _multiplier(written: str) -> Fraction:
+    """A promotion's multiplier as a record writes it ("1", "2", "3/2"): parsed once, not
+    per settlement (a Fraction costs more to build than the rest of a record's arguments)."""
+    return Fraction(written)
+
+
 def budget_arguments(record: Record) -> tuple[int, int, int, int]:
     """What the settle script adds to the org's budget for ``record``: its list cost, its
     promotion's multiplier (numerator, denominator) and its plan's allowance. A record
@@ -78,9 +86,7 @@ def budget_arguments(record: Record) -> tuple[int, int, int, int]:
     it added as it was: as list cost, past any allowance."""
     if "list_nano_usd" not in record:
         return int(record["allowance_nano_usd"]), 1, 1, 0
-    written = record["multiplier"]
-    # Most usage is outside a promotion: no Fraction to build for it.
-    multiplier = Fraction(1) if written == "1" else Fraction(written)
+    multiplier = _multiplier(record["multiplier"])
     return (
         int(record["list_nano_usd"]),
         multiplier.numerator,

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import pydantic_core
-
+from gateway.api import json_codec
 from gateway.api.stream import UsageTally, drop_null_usage_details, event_payload, split_events
 
 
@@ -58,7 +57,7 @@ class Assembler:
                 self.done = True
                 continue
             try:
-                data = pydantic_core.from_json(payload)
+                data = json_codec.loads(payload)
             except ValueError:
                 continue
             if isinstance(data, dict):

@@ -22,11 +22,11 @@ import logging
 import time
 from typing import Any
 
-import pydantic_core
 from fastapi.responses import Response
 from starlette.types import Receive
 
 from billing.contract import Admission, AdmissionRefused, Meter, Outcome, UsageReport
+from gateway.api import json_codec
 from gateway.api.admission import refusal_error
 from gateway.api.answers import Assembler
 from gateway.api.downstream import (
@@ -306,7 +306,7 @@ class Relay:
             cost = self.usage_cost(exchange, assembler.usage)
             if cost is not None:
                 answer_usage[COST_FIELD] = cost
-        content = pydantic_core.to_json(data)
+        content = json_codec.dumps(data)
         response = Response(
             content,
             media_type="application/json",

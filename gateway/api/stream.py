@@ -18,8 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-import pydantic_core
-
+from gateway.api import json_codec
 from serving.vocabulary import ANSWER_SERVICE_TIERS, Tier
 
 DONE_EVENT = b"data: [DONE]\n\n"
@@ -111,7 +110,7 @@ _LINE_BREAKS_JSON_KEEPS = (
 
 def event_json(value: object) -> bytes:
     """``value`` as the JSON of one ``data:`` line: one line to any line reader."""
-    data = pydantic_core.to_json(value)
+    data = json_codec.dumps(value)
     for raw, escaped in _LINE_BREAKS_JSON_KEEPS:
         if raw in data:
             data = data.replace(raw, escaped)
@@ -218,7 +217,7 @@ class StreamRewriter:
             self.done = True
             return DONE_EVENT
         try:
-            data = pydantic_core.from_json(payload)
+            data = json_codec.loads(payload)
         except ValueError:
             return None
         if not isinstance(data, dict):

@@ -81,13 +81,18 @@ class Response:
             self._waiter.set_result(None)
 
     async def iter_chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives: everything that came since the last step in one piece
+        (vLLM sends an HTTP chunk per event; one step for all of a read's events spares
+        the relay a step, a split and a write for each)."""
+        chunks = self._chunks
         while True:
-            while self._chunks:
-                chunk = self._chunks.popleft()
-                self._buffered -= len(chunk)
-                if self._buffered < BUFFER_LOW_WATER:
-                    self._connection.resume_reading()
-                yield chunk
+            if chunks:
+                data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
+                chunks.clear()
+                self._buffered = 0
+                self._connection.resume_reading()
+                yield data
+                continue
             if self.complete:
                 return
             if self.error is not None:

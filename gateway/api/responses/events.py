@@ -18,8 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import pydantic_core
-
+from gateway.api import json_codec
 from gateway.api.responses.output import (
     finish_status,
     function_call_item,
@@ -99,7 +98,7 @@ class ResponseEventWriter:
                 out.extend(self._complete())
                 continue
             try:
-                data = pydantic_core.from_json(payload)
+                data = json_codec.loads(payload)
             except ValueError:
                 continue
             if not isinstance(data, dict):

@@ -4,12 +4,21 @@ writer reads exactly what a validated event would have said (hypothesis)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, timedelta, timezone
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from billing.meter.events import UsageEvent, usage_event, usage_event_fields, usage_event_json
+from billing.meter.events import (
+    AnswerCharges,
+    UsageEvent,
+    answer_cost,
+    usage_charge,
+    usage_event,
+    usage_event_fields,
+    usage_event_json,
+)
 from billing.meter.protocol import Admission, AdmissionRequest, UsageReport
 from billing.prices.pricing import load_pricebook
 from billing.settings import DEFAULT_PRICEBOOK_PATH
@@ -70,6 +79,43 @@ def test_the_unvalidated_event_is_the_validated_one(case: tuple[Admission, Usage
     written = usage_event_json(usage_event_fields(BOOK, admission, usage))
     assert written == validated.model_dump_json()
     assert UsageEvent.model_validate_json(written) == validated
+
+
+@given(reports(), st.integers(min_value=0, max_value=5), st.booleans())
+def test_an_answer_and_its_event_are_priced_alike_once(
+    case: tuple[Admission, UsageReport], more: int, same_usage: bool
+) -> None:
+    """The settlement takes back the charge made for the answer's ``cstack_cost`` only for
+    the same usage: what it writes is what pricing the event anew writes, either way."""
+    admission, usage = case
+    charges = AnswerCharges()
+    priced = usage_charge(BOOK, usage)
+    charges.remember(usage, priced)
+    assert answer_cost(BOOK, usage, priced) == answer_cost(BOOK, usage)
+    settled = (
+        usage
+        if same_usage
+        else replace(usage, completion_tokens=usage.completion_tokens + more + 1)
+    )
+    taken = charges.take(settled)
+    assert (taken is priced) == same_usage
+    assert usage_event_fields(BOOK, admission, settled, taken) == usage_event_fields(
+        BOOK, admission, settled
+    )
+    assert charges.take(settled) is None  # once
+
+
+def test_answer_charges_are_bounded() -> None:
+    at = LAUNCH
+    charges = AnswerCharges(limit=3)
+    reports = [
+        UsageReport(f"r{i}", "org", "key", "composer-2.5", "fast", 10, 0, 5, at, at, "complete")
+        for i in range(4)
+    ]
+    for report in reports:
+        charges.remember(report, usage_charge(BOOK, report))
+    assert charges.take(reports[0]) is None  # forgotten when the fourth came
+    assert charges.take(reports[3]) is not None
 
 
 def test_an_event_in_the_launch_week_names_its_promotion() -> None:
