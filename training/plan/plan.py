@@ -32,7 +32,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import yaml
@@ -40,9 +40,11 @@ import yaml
 from training.distributed.config import ParallelConfig
 from training.models.deepseek_v3.config import ModelConfig
 from training.optim.config import MuonConfig, NewtonSchulzConfig, Owners
-from training.plan.muon_step import MuonStep, muon_step
 from training.plan.parts import Device, Layout, Param
 from training.trainer.options import option
+
+if TYPE_CHECKING:  # it imports torch: `cstack` commands that plan nothing start without it
+    from training.plan.muon_step import MuonStep
 
 CALIBRATION_FILE = Path(__file__).with_name("calibration.yaml")
 ANNOUNCED_STEP_S = 0.2  # the composer-2.5 announcement's Muon step for the 1T model
@@ -265,6 +267,7 @@ def estimate(
     params: list[Param], model: ModelConfig, layout: Layout, device: Device, tokens: int,
     muon: MuonConfig,
 ) -> Estimate:  # fmt: skip
+    from training.plan.muon_step import muon_step
 
     muon_numel = sum(local_numel(p, layout, 0) for p in params if p.muon)
     adamw_numel = sum(local_numel(p, layout, 0) for p in params if not p.muon)

@@ -355,3 +355,17 @@ def _ok(url: str) -> bool:
         return httpx.get(url, timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_the_gateway_starts_without_the_trainers_libraries() -> None:
+    """Every gateway process runs the `cstack` command, which also carries the trainer's
+    commands: torch imported there took 1.3 s of each start and its memory for nothing."""
+    probe = (
+        "import sys, deploy.cli, gateway.app, gateway.server.workers, billing.worker; "
+        "print(sorted(m for m in ('torch', 'vllm', 'transformers') if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
