@@ -68,15 +68,19 @@ class Assembler:
             error = data["error"]
             self.error = error if isinstance(error, dict) else {"message": str(error)}
             return
-        if not self.head:
-            self.head = {key: data.get(key) for key in ("id", "created", "model")}
-        for key in ("system_fingerprint", "metrics"):
-            if data.get(key) is not None:
-                self.head[key] = data[key]
+        head = self.head
+        if not head:
+            head.update(id=data.get("id"), created=data.get("created"), model=data.get("model"))
+        fingerprint, metrics = data.get("system_fingerprint"), data.get("metrics")
+        if fingerprint is not None:
+            head["system_fingerprint"] = fingerprint
+        if metrics is not None:
+            head["metrics"] = metrics
+        choices = data.get("choices")
         usage = data.get("usage")
         if usage and isinstance(usage, dict):
-            self.tally.observe(usage, data.get("choices"))
-        for choice in data.get("choices") or ():
+            self.tally.observe(usage, choices)
+        for choice in choices or ():
             if isinstance(choice, dict):
                 index = _index(choice)
                 state = self.choices.get(index)
@@ -162,8 +166,9 @@ class ChatAssembler(Assembler):
         if delta.get("role"):
             state["role"] = delta["role"]
         for key in ("content", "reasoning"):
-            if isinstance(delta.get(key), str):
-                state[key] = (state[key] or "") + delta[key]
+            text = delta.get(key)
+            if isinstance(text, str):
+                _append(state, key, text)
         for call in delta.get("tool_calls") or ():
             _add_tool_call(state["tool_calls"], call)
         logprobs = choice.get("logprobs")
@@ -171,12 +176,11 @@ class ChatAssembler(Assembler):
             if state["logprobs"] is None:
                 state["logprobs"] = {"content": [], "refusal": None}
             state["logprobs"]["content"].extend(logprobs.get("content") or ())
-        if isinstance(choice.get("token_ids"), list):
-            state["token_ids"] = (state["token_ids"] or []) + choice["token_ids"]
+        _extend_token_ids(state, choice)
 
     def finish(self, state: dict[str, Any]) -> dict[str, Any]:
         calls = [state["tool_calls"][i] for i in sorted(state["tool_calls"])]
-        content = state["content"]
+        content = _joined(state["content"])
         if calls and not content:
             content = "" if self._forced_tools else None
         message: dict[str, Any] = {
@@ -187,8 +191,8 @@ class ChatAssembler(Assembler):
         }
         if calls:  # vLLM leaves an empty list out
             message["tool_calls"] = calls
-        # Named as the stream names it (stream.rename_reasoning).
-        message["reasoning_content"] = state["reasoning"]
+        # Named as the stream names it (stream.mend_choices).
+        message["reasoning_content"] = _joined(state["reasoning"])
         return {
             "index": state["index"],
             "message": message,
@@ -239,7 +243,7 @@ class CompletionAssembler(Assembler):
     def new_choice(self, index: int) -> dict[str, Any]:
         return {
             "index": index,
-            "text": "",
+            "text": None,
             "logprobs": None,
             "finish_reason": None,
             "stop_reason": None,
@@ -250,18 +254,21 @@ class CompletionAssembler(Assembler):
         }
 
     def add(self, state: dict[str, Any], choice: dict[str, Any], data: dict[str, Any]) -> None:
-        if isinstance(choice.get("text"), str):
-            state["text"] += choice["text"]
+        text = choice.get("text")
+        if isinstance(text, str):
+            _append(state, "text", text)
         logprobs = choice.get("logprobs")
         if isinstance(logprobs, dict):
             if state["logprobs"] is None:
                 state["logprobs"] = {key: [] for key in _COMPLETION_LOGPROBS}
             for key in _COMPLETION_LOGPROBS:
                 state["logprobs"][key].extend(logprobs.get(key) or ())
-        if isinstance(choice.get("token_ids"), list):
-            state["token_ids"] = (state["token_ids"] or []) + choice["token_ids"]
+        _extend_token_ids(state, choice)
         if state["prompt_token_ids"] is None and choice.get("prompt_token_ids") is not None:
             state["prompt_token_ids"] = choice["prompt_token_ids"]
+
+    def finish(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {**state, "text": _joined(state["text"]) or ""}
 
     def answer(self) -> dict[str, Any]:
         return {
@@ -273,6 +280,29 @@ class CompletionAssembler(Assembler):
 
 
 _COMPLETION_LOGPROBS = ("text_offset", "token_logprobs", "tokens", "top_logprobs")
+
+
+def _append(state: dict[str, Any], key: str, text: str) -> None:
+    """A streamed piece of text kept for the answer: pieces joined once at the end, not a
+    growing string copied for every token."""
+    parts = state[key]
+    if parts is None:
+        state[key] = [text]
+    else:
+        parts.append(text)
+
+
+def _joined(parts: list[str] | None) -> str | None:
+    return None if parts is None else "".join(parts)
+
+
+def _extend_token_ids(state: dict[str, Any], choice: dict[str, Any]) -> None:
+    ids = choice.get("token_ids")
+    if isinstance(ids, list):
+        if state["token_ids"] is None:
+            state["token_ids"] = ids  # freshly parsed for this chunk: ours to extend
+        else:
+            state["token_ids"].extend(ids)
 
 
 def _int(value: object) -> int:

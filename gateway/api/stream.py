@@ -32,20 +32,21 @@ def drop_null_usage_details(usage: dict[str, Any]) -> None:
             del usage[key]
 
 
-def fill_logprobs_refusal(choices: list[Any]) -> None:
-    """A chat choice's logprobs object must carry ``refusal`` next to ``content``; vLLM
-    leaves it out (it never refuses). Text completions' logprobs have no ``content``."""
+def mend_choices(choices: list[Any]) -> None:
+    """A streamed choice as OpenAI's schema and this API have it:
+
+    - a chat choice's logprobs object must carry ``refusal`` next to ``content``; vLLM
+      leaves it out (it never refuses). Text completions' logprobs have no ``content``;
+    - vLLM streams a chat delta's reasoning as ``reasoning``; this API's field is
+      ``reasoning_content`` (DeepSeek's and Kimi's APIs, which OpenAI SDK users read).
+    """
     for choice in choices:
-        logprobs = choice.get("logprobs") if isinstance(choice, dict) else None
+        if not isinstance(choice, dict):
+            continue
+        logprobs = choice.get("logprobs")
         if logprobs and "content" in logprobs and "refusal" not in logprobs:
             logprobs["refusal"] = None
-
-
-def rename_reasoning(choices: list[Any]) -> None:
-    """vLLM streams a chat delta's reasoning as ``reasoning``; this API's field is
-    ``reasoning_content`` (DeepSeek's and Kimi's APIs, which OpenAI SDK users read)."""
-    for choice in choices:
-        delta = choice.get("delta") if isinstance(choice, dict) else None
+        delta = choice.get("delta")
         if isinstance(delta, dict) and "reasoning" in delta:
             delta["reasoning_content"] = delta.pop("reasoning")
 
@@ -76,12 +77,13 @@ class UsageTally:
             return
         if not isinstance(choices, list):
             return
-        prompt, completion = _count(usage.get("prompt_tokens")), usage.get("completion_tokens")
+        prompt = _count(usage.get("prompt_tokens"))
+        completion = _count(usage.get("completion_tokens"))
+        per_prompt = self._choices_per_prompt
         for choice in choices:
             index = _count(choice.get("index")) if isinstance(choice, dict) else 0
-            per_prompt = self._choices_per_prompt
             self._prompt[index // per_prompt if per_prompt else 0] = prompt
-            self._completion[index] = _count(completion)
+            self._completion[index] = completion
 
     @property
     def usage(self) -> dict[str, Any]:
@@ -111,9 +113,10 @@ _LINE_BREAKS_JSON_KEEPS = (
 def event_json(value: object) -> bytes:
     """``value`` as the JSON of one ``data:`` line: one line to any line reader."""
     data = json_codec.dumps(value)
-    for raw, escaped in _LINE_BREAKS_JSON_KEEPS:
-        if raw in data:
-            data = data.replace(raw, escaped)
+    if not data.isascii():  # each of them starts with a byte past ASCII
+        for raw, escaped in _LINE_BREAKS_JSON_KEEPS:
+            if raw in data:
+                data = data.replace(raw, escaped)
     return data
 
 
@@ -242,8 +245,7 @@ class StreamRewriter:
             else:
                 data.pop("usage", None)
         if choices and isinstance(choices, list):
-            fill_logprobs_refusal(choices)
-            rename_reasoning(choices)
+            mend_choices(choices)
         data["model"] = self.public_model
         data["service_tier"] = self.service_tier
         return b"data: " + event_json(data) + b"\n\n"
