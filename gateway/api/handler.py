@@ -26,7 +26,6 @@ from typing import TypeVar
 from fastapi import Request
 from fastapi.responses import Response
 from pydantic import BaseModel
-from starlette.requests import ClientDisconnect
 
 from billing.contract import Admission, AdmissionRefused, AdmissionRequest, Meter
 from gateway.access.auth import Authenticator, Principal
@@ -237,18 +236,23 @@ class GenerationHandler:
 
 
 async def read_body(request: Request, limit: int) -> bytes:
+    """The request's body, read from ASGI's messages (Starlette's body stream adds an
+    async generator and a step per request for the same bytes)."""
     too_large = GatewayError(413, f"request body exceeds {limit} bytes", code="request_too_large")
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise too_large
     chunks: list[bytes] = []
     size = 0
-    try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise too_large
-            chunks.append(chunk)
-    except ClientDisconnect:
-        raise bad_request("client disconnected while sending the body") from None
-    return b"".join(chunks)
+    receive = request.receive
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise bad_request("client disconnected while sending the body")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)

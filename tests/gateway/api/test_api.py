@@ -90,6 +90,21 @@ def test_caps_on_body_size_and_message_count(http: httpx.Client) -> None:
     assert response.status_code == 413 and error_of(response)["code"] == "request_too_large"
 
 
+def test_a_body_sent_in_pieces_without_a_length_is_read_whole_and_capped(
+    http: httpx.Client,
+) -> None:
+    """Chunked uploads carry no content-length: the body is read piece by piece, and the
+    cap holds on what arrives."""
+    body = json.dumps(CHAT).encode()
+    pieces = [body[i : i + 7] for i in range(0, len(body), 7)]
+    response = http.post("/v1/chat/completions", content=iter(pieces))
+    assert response.status_code == 200, response.text
+    assert response.json()["object"] == "chat.completion"
+    huge = (b'{"model": "composer-2.5", "prompt": "', *[b"x" * 65536] * 80, b'"}')
+    response = http.post("/v1/completions", content=iter(huge))
+    assert response.status_code == 413 and error_of(response)["code"] == "request_too_large"
+
+
 @pytest.mark.parametrize(
     ("method", "path"),
     [
