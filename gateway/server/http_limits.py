@@ -25,6 +25,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from gateway.deadlines import Deadline
 from gateway.errors import error_body
 from gateway.settings import GatewaySettings
 
@@ -43,7 +44,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._head_fields = 0
         self._head_too_large = False
-        self._read_timer: asyncio.TimerHandle | None = None
+        #: The head's or the body's read time limit, whichever is running.
+        self._read_deadline = Deadline(self.loop, self._read_timed_out)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -54,7 +56,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._arm(self.limits.header_timeout_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
+        self._read_deadline.cancel()
         super().connection_lost(exc)
 
     def eof_received(self) -> None:
@@ -124,16 +126,12 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             raise _HeadTooLarge()
 
     def _arm(self, seconds: float) -> None:
-        self._disarm()
-        self._read_timer = self.loop.call_later(seconds, self._read_timed_out)
+        self._read_deadline.set(seconds)
 
     def _disarm(self) -> None:
-        if self._read_timer is not None:
-            self._read_timer.cancel()
-            self._read_timer = None
+        self._read_deadline.clear()
 
     def _read_timed_out(self) -> None:
-        self._read_timer = None
         if not self.transport.is_closing():
             self.transport.close()
 

@@ -20,6 +20,8 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from gateway.deadlines import Deadline
+
 #: Idle connections older than this are not reused: uvicorn (vLLM's server) closes idle
 #: keep-alive connections after 5 s, and a connection it is closing must not be picked.
 IDLE_REUSE_S = 4.0
@@ -125,7 +127,8 @@ class Connection(asyncio.Protocol):
         #: Read when the response completes: httptools answers False once it has reset.
         self.keep_alive = False
         self.idle_since = 0.0
-        self._timer: asyncio.TimerHandle | None = None
+        #: The read timeout: no byte for ``read_timeout_s`` while a response is awaited.
+        self._read_deadline = Deadline(self.loop, self._timed_out)
         self._reading_paused = False
 
     def send(self, request: bytes) -> Response:
@@ -148,7 +151,7 @@ class Connection(asyncio.Protocol):
 
     def release(self, reusable: bool) -> None:
         self.resume_reading()  # a connection goes back to the pool reading
-        self._disarm_timer()
+        self._read_deadline.clear()
         self.response = None
         if reusable and self.alive and self.keep_alive:
             self.pool.put_back(self)
@@ -160,7 +163,7 @@ class Connection(asyncio.Protocol):
         timeout meanwhile: the wait is the client's; the request's deadline bounds it."""
         if not self._reading_paused and self.transport is not None and self.alive:
             self._reading_paused = True
-            self._disarm_timer()
+            self._read_deadline.clear()
             self.transport.pause_reading()
 
     def resume_reading(self) -> None:
@@ -171,19 +174,13 @@ class Connection(asyncio.Protocol):
 
     def abort(self) -> None:
         self.alive = False
-        self._disarm_timer()
+        self._read_deadline.cancel()
         if self.transport is not None:
             self.transport.abort()
         self.pool.forget(self)
 
     def _arm_timer(self) -> None:
-        self._disarm_timer()
-        self._timer = self.loop.call_later(self.pool.read_timeout_s, self._timed_out)
-
-    def _disarm_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._read_deadline.set(self.pool.read_timeout_s)
 
     def _timed_out(self) -> None:
         if self.response is not None:
@@ -207,7 +204,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.alive = False
-        self._disarm_timer()
+        self._read_deadline.cancel()
         self.pool.forget(self)
         response = self.response
         if response is not None and not response.complete:
@@ -229,7 +226,7 @@ class Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         assert self.response is not None
-        self._disarm_timer()
+        self._read_deadline.clear()
         self.keep_alive = self.parser.should_keep_alive()
         self.response.finish()
 
