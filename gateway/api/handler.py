@@ -238,10 +238,9 @@ class GenerationHandler:
 async def read_body(request: Request, limit: int) -> bytes:
     """The request's body, read from ASGI's messages (Starlette's body stream adds an
     async generator and a step per request for the same bytes)."""
-    too_large = GatewayError(413, f"request body exceeds {limit} bytes", code="request_too_large")
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
-        raise too_large
+        raise _too_large(limit)
     chunks: list[bytes] = []
     size = 0
     receive = request.receive
@@ -252,7 +251,11 @@ async def read_body(request: Request, limit: int) -> bytes:
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise too_large
+            raise _too_large(limit)
         chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _too_large(limit: int) -> GatewayError:
+    return GatewayError(413, f"request body exceeds {limit} bytes", code="request_too_large")

@@ -1,10 +1,11 @@
 """JSON for the gateway's per-chunk work: every upstream event is read and every relayed
 one written again, so their codec is the hottest code after the sockets.
 
-msgspec reads vLLM's chunks in two thirds of pydantic-core's time and writes them in half
-(``bench/RESULTS.md``, gateway overhead). It is stricter: what it refuses (``NaN`` and
-``Infinity``, integers past 64 bits, strings with lone surrogates) goes to pydantic-core,
-which reads it as before, so no event that was read before is dropped now.
+msgspec reads one of vLLM's chunks in two thirds of pydantic-core's time (1.0 against 1.5
+us on the 2-core machines here) and writes it in half (0.5 against 1.2 us). It is stricter:
+what it refuses (``NaN`` and ``Infinity``, integers past 64 bits) goes to pydantic-core,
+which reads it as before, so no event that was read before is dropped now; a value it
+cannot write goes to pydantic-core too (Infinity it writes as null: JSON has no Infinity).
 """
 
 from __future__ import annotations
