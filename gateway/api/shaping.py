@@ -33,6 +33,7 @@ from typing import Any
 
 import pydantic_core
 
+from gateway.api import json_codec
 from gateway.api.protocol import (
     ChatCompletionRequest,
     ChatMessage,
@@ -131,7 +132,7 @@ def shape_request(
     body["stream"] = True
     body["stream_options"] = UPSTREAM_STREAM_OPTIONS
     per_sequence = body["max_tokens"] if context is None else min(body["max_tokens"], context)
-    upstream_body = pydantic_core.to_json(body)
+    upstream_body = json_codec.dumps(body)
     # An upper bound: see the module docstring.
     prompt_tokens = max(body_bytes, len(upstream_body)) + template_tokens
     return Shape(
