@@ -39,10 +39,10 @@ class UpstreamCut(Exception):
     """The connection ended in the middle of a response body."""
 
 
-#: Body bytes buffered per response before reading from the upstream pauses, and the level
-#: it resumes at: a client that reads slowly slows the upstream instead of filling memory.
+#: Body bytes buffered per response before reading from the upstream pauses (it resumes once
+#: the reader takes them): a client that reads slowly slows the upstream instead of filling
+#: memory.
 BUFFER_HIGH_WATER = 256 * 1024
-BUFFER_LOW_WATER = 64 * 1024
 
 
 class Response:
