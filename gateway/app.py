@@ -18,6 +18,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.errors import ServerErrorMiddleware
+from starlette.types import ASGIApp
 
 from billing.contract import (
     AsyncClient,
@@ -79,7 +81,7 @@ def create_app(
     (gateway/server/workers.py)."""
     accounts = accounts or UnbilledAccounts()
     parts = _build_parts(settings, meter, worker)
-    app = FastAPI(
+    app = GatewayApp(
         title="composer-stack gateway",
         lifespan=_lifespan(parts, meter, usage, accounts),
         docs_url=None,
@@ -106,6 +108,17 @@ def create_app(
     _add_operations_routes(app, parts.upstreams, parts.metrics)
     add_console_routes(app, parts.auth, parts.store, usage, accounts, parts.redis)
     return app
+
+
+class GatewayApp(FastAPI):
+    """FastAPI without Starlette's outermost ``ServerErrorMiddleware``: the request context
+    (``gateway.server.middleware``) already answers any unhandled error with the gateway's
+    JSON 500 and logs it, inside that middleware, so it never saw an error; it only wrapped
+    every response message of every request in one more call."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        stack = super().build_middleware_stack()
+        return stack.app if isinstance(stack, ServerErrorMiddleware) else stack
 
 
 @dataclass(frozen=True)

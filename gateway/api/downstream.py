@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 from fastapi.responses import Response
 from starlette.types import Receive, Scope, Send
+
+from gateway.server.hang_up import HANG_UP, HangUp
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -23,14 +25,49 @@ class ClientGone(Exception):
     """The client disconnected before the answer was ready."""
 
 
-async def until_disconnect(receive: Receive, work: Awaitable[T]) -> T:
+class Client:
+    """The client's side of one request as the relay sees it: ASGI's ``receive``, and the
+    server's hang-up notice when the server gives one (``gateway.server.hang_up``)."""
+
+    __slots__ = ("hang_up", "receive")
+
+    def __init__(self, scope: Scope, receive: Receive) -> None:
+        self.receive = receive
+        hang_up = scope.get(HANG_UP)
+        self.hang_up = hang_up if isinstance(hang_up, HangUp) else None
+
+
+async def until_disconnect(client: Client, work: Coroutine[Any, Any, T]) -> T:
     """Await ``work`` unless the client hangs up first (then cancel it: ``ClientGone``).
 
-    One watcher task cancels the request's own task on ``http.disconnect``: cheaper on
-    the hot path than running ``work`` as a task of its own and waiting on both.
+    The server's hang-up notice cancels the request's own task when the connection is
+    lost. Without one, a watcher task waits on ``receive()`` for ``http.disconnect``:
+    cheaper on the hot path than running ``work`` as a task of its own and waiting on
+    both, dearer than the notice (a task made, stepped and cancelled per request).
     """
     current = asyncio.current_task()
     assert current is not None
+    hang_up = client.hang_up
+    if hang_up is None:
+        return await _until_receive_disconnect(client.receive, work, current)
+    if hang_up.gone:
+        work.close()
+        raise ClientGone()
+    hang_up.watch(current.cancel)
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if not hang_up.gone:
+            raise
+        current.uncancel()
+        raise ClientGone() from None
+    finally:
+        hang_up.watch(None)
+
+
+async def _until_receive_disconnect(
+    receive: Receive, work: Awaitable[T], current: asyncio.Task[Any]
+) -> T:
     gone = False
 
     async def watch() -> None:
@@ -64,7 +101,7 @@ class SSEResponse(Response):
 
     def __init__(
         self,
-        pump: Callable[[SendEvent], Awaitable[None]],
+        pump: Callable[[SendEvent], Coroutine[Any, Any, None]],
         headers: dict[str, str],
         deadline: float,
     ):
@@ -86,7 +123,7 @@ class SSEResponse(Response):
         try:
             async with asyncio.timeout_at(self._deadline + END_GRACE_S):
                 try:
-                    await until_disconnect(receive, self._pump(send_event))
+                    await until_disconnect(Client(scope, receive), self._pump(send_event))
                 except ClientGone:
                     return
                 await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -30,6 +30,7 @@ from pydantic import BaseModel
 from billing.contract import Admission, AdmissionRefused, AdmissionRequest, Meter
 from gateway.access.auth import Authenticator, Principal
 from gateway.api.admission import AdmissionStanding, refusal_error
+from gateway.api.downstream import Client
 from gateway.api.endpoints import AnswerContext, Endpoint
 from gateway.api.exchange import Exchange
 from gateway.api.protocol import SamplingParams
@@ -178,11 +179,12 @@ class GenerationHandler:
             shape.n,
             functools.partial(self._relay.usage_cost, exchange),
         )
+        client = Client(request.scope, request.receive)
         if parsed.stream:
             return functools.partial(
                 self._relay.stream,
                 exchange,
-                request.receive,
+                client,
                 endpoint.upstream_path,
                 shape.upstream_body,
                 endpoint.writer(source, context),
@@ -190,7 +192,7 @@ class GenerationHandler:
         return functools.partial(
             self._relay.complete,
             exchange,
-            request.receive,
+            client,
             endpoint.upstream_path,
             shape.upstream_body,
             endpoint.assembler(source, context),

@@ -23,13 +23,13 @@ import time
 from typing import Any
 
 from fastapi.responses import Response
-from starlette.types import Receive
 
 from billing.contract import Admission, AdmissionRefused, Meter, Outcome, UsageReport
 from gateway.api import json_codec
 from gateway.api.admission import refusal_error
 from gateway.api.answers import Assembler
 from gateway.api.downstream import (
+    Client,
     ClientGone,
     SendEvent,
     SSEResponse,
@@ -249,7 +249,7 @@ class Relay:
             exchange.upstream_s += time.perf_counter() - opening
 
     async def complete(
-        self, exchange: Exchange, receive: Receive, path: str, body: bytes, assembler: Assembler
+        self, exchange: Exchange, client: Client, path: str, body: bytes, assembler: Assembler
     ) -> Response:
         """A non-streaming request: vLLM's stream assembled into one answer."""
         pool = self._pools[exchange.route.tier]
@@ -286,7 +286,7 @@ class Relay:
 
         try:
             async with asyncio.timeout_at(exchange.deadline):
-                await until_disconnect(receive, call_upstream())
+                await until_disconnect(client, call_upstream())
         except ClientGone:
             await self.settle(exchange, "client_disconnect", assembler.usage)
             return client_closed_request()
@@ -316,10 +316,10 @@ class Relay:
         return response
 
     async def stream(
-        self, exchange: Exchange, receive: Receive, path: str, body: bytes, rewriter: EventWriter
+        self, exchange: Exchange, client: Client, path: str, body: bytes, rewriter: EventWriter
     ) -> Response:
         try:
-            upstream = await until_disconnect(receive, self.open(exchange, path, body))
+            upstream = await until_disconnect(client, self.open(exchange, path, body))
         except ClientGone:
             await self.settle(exchange, "client_disconnect", {})
             return client_closed_request()

@@ -2,9 +2,10 @@
 most ``max_header_bytes`` and ``max_headers`` fields (else 431), the whole head within
 ``header_timeout_s`` of the connection's first byte or of the previous response
 (slow-loris clients are dropped), and the whole body within ``body_timeout_s`` of the head
-(then the connection is closed; the app sees the client gone). Its writes are corked
-(``CorkedTransport``): what one event-loop iteration writes leaves in one send, so an
-unstreamed answer's head and body cost one system call, not two.
+(then the connection is closed; the app sees the client gone). Each request's scope holds
+a hang-up notice (``gateway.server.hang_up``), fired when its connection is lost. Its
+writes are corked (``CorkedTransport``): what one event-loop iteration writes leaves in
+one send, so an unstreamed answer's head and body cost one system call, not two.
 
 ``LimitedHttpProtocol`` subclasses uvicorn's ``httptools_impl.HttpToolsProtocol``, which
 is not a public API: uvicorn offers no hook into its parser callbacks, and these limits
@@ -27,6 +28,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.deadlines import Deadline
 from gateway.errors import error_body
+from gateway.server.hang_up import HANG_UP, HangUp
 from gateway.settings import GatewaySettings
 
 
@@ -58,6 +60,13 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._read_deadline.cancel()
         super().connection_lost(exc)
+        # uvicorn marks the request whose response is unfinished (a pipelined request
+        # behind it waits unread, as in uvicorn); its hang-up notice wakes its watcher.
+        cycle = self.cycle
+        if cycle is not None and cycle.disconnected:
+            hang_up = cycle.scope.get(HANG_UP)
+            if isinstance(hang_up, HangUp):
+                hang_up.fire()
 
     def eof_received(self) -> None:
         # The client half-closed: the transport closes itself once this returns, past the
@@ -82,6 +91,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._arm(self.limits.body_timeout_s)
+        self.scope[HANG_UP] = HangUp()  # type: ignore[literal-required]
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
