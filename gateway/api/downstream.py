@@ -94,6 +94,23 @@ def client_closed_request() -> Response:
     return Response(status_code=499)
 
 
+class JSONAnswer(Response):
+    """An assembled answer: Starlette's ``Response`` with its head made directly (its own
+    header assembly costs twice as much, on every unstreamed request)."""
+
+    media_type = "application/json"
+
+    def __init__(self, content: bytes, headers: dict[str, str]) -> None:
+        self.status_code = 200
+        self.background = None
+        self.body = content
+        self.raw_headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", b"%d" % len(content)),
+            *[(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()],
+        ]
+
+
 class SSEResponse(Response):
     """Server-sent events relayed from upstream; a client hang-up cancels the relay."""
 

@@ -31,6 +31,7 @@ from gateway.api.answers import Assembler
 from gateway.api.downstream import (
     Client,
     ClientGone,
+    JSONAnswer,
     SendEvent,
     SSEResponse,
     client_closed_request,
@@ -307,10 +308,8 @@ class Relay:
             if cost is not None:
                 answer_usage[COST_FIELD] = cost
         content = json_codec.dumps(data)
-        response = Response(
-            content,
-            media_type="application/json",
-            headers={**exchange.headers, OVERHEAD_HEADER: self._overhead(exchange)},
+        response = JSONAnswer(
+            content, {**exchange.headers, OVERHEAD_HEADER: self._overhead(exchange)}
         )
         self.settle_soon(exchange, "complete", assembler.usage)
         return response
