@@ -82,13 +82,16 @@ class Assembler:
             self.tally.observe(usage, choices)
         for choice in choices or ():
             if isinstance(choice, dict):
-                index = _index(choice)
+                index = choice.get("index", 0)  # _index, inlined: once per chunk
+                if not isinstance(index, int):
+                    index = 0
                 state = self.choices.get(index)
                 if state is None:
                     state = self.choices[index] = self.new_choice(index)
                 self.add(state, choice, data)
-                if choice.get("finish_reason") is not None:
-                    state["finish_reason"] = choice["finish_reason"]
+                finish_reason = choice.get("finish_reason")
+                if finish_reason is not None:
+                    state["finish_reason"] = finish_reason
                     state["stop_reason"] = choice.get("stop_reason")
 
     def new_choice(self, index: int) -> dict[str, Any]:
@@ -162,21 +165,26 @@ class ChatAssembler(Assembler):
     def add(self, state: dict[str, Any], choice: dict[str, Any], data: dict[str, Any]) -> None:
         if self.prompt_token_ids is None and data.get("prompt_token_ids") is not None:
             self.prompt_token_ids = data["prompt_token_ids"]
-        delta = choice.get("delta") or {}
-        if delta.get("role"):
-            state["role"] = delta["role"]
-        for key in ("content", "reasoning"):
-            text = delta.get(key)
-            if isinstance(text, str):
-                _append(state, key, text)
-        for call in delta.get("tool_calls") or ():
-            _add_tool_call(state["tool_calls"], call)
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            role = delta.get("role")
+            if role:
+                state["role"] = role
+            for key in ("content", "reasoning"):
+                text = delta.get(key)
+                if isinstance(text, str):
+                    _append(state, key, text)
+            calls = delta.get("tool_calls")
+            if calls:
+                for call in calls:
+                    _add_tool_call(state["tool_calls"], call)
         logprobs = choice.get("logprobs")
         if isinstance(logprobs, dict):
             if state["logprobs"] is None:
                 state["logprobs"] = {"content": [], "refusal": None}
             state["logprobs"]["content"].extend(logprobs.get("content") or ())
-        _extend_token_ids(state, choice)
+        if "token_ids" in choice:
+            _extend_token_ids(state, choice)
 
     def finish(self, state: dict[str, Any]) -> dict[str, Any]:
         calls = [state["tool_calls"][i] for i in sorted(state["tool_calls"])]

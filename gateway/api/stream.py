@@ -51,10 +51,6 @@ def mend_choices(choices: list[Any]) -> None:
             delta["reasoning_content"] = delta.pop("reasoning")
 
 
-def _count(value: object) -> int:
-    return value if isinstance(value, int) and value > 0 else 0
-
-
 class UsageTally:
     """A request's usage so far, from vLLM's continuous usage stats.
 
@@ -77,11 +73,18 @@ class UsageTally:
             return
         if not isinstance(choices, list):
             return
-        prompt = _count(usage.get("prompt_tokens"))
-        completion = _count(usage.get("completion_tokens"))
+        # A count is a positive int, else 0 (checked inline: this runs for every chunk).
+        prompt = usage.get("prompt_tokens")
+        if not (isinstance(prompt, int) and prompt > 0):
+            prompt = 0
+        completion = usage.get("completion_tokens")
+        if not (isinstance(completion, int) and completion > 0):
+            completion = 0
         per_prompt = self._choices_per_prompt
         for choice in choices:
-            index = _count(choice.get("index")) if isinstance(choice, dict) else 0
+            index = choice.get("index") if isinstance(choice, dict) else 0
+            if not (isinstance(index, int) and index > 0):
+                index = 0
             self._prompt[index // per_prompt if per_prompt else 0] = prompt
             self._completion[index] = completion
 
