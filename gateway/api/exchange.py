@@ -9,7 +9,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import pydantic_core
 
@@ -49,6 +49,9 @@ class Exchange:
     #: left of the time is the gateway's own overhead.
     arrived: float = field(default_factory=time.perf_counter)
     upstream_s: float = 0.0
+    #: The report its answer's cost was priced from (``Relay.usage_cost``), with the
+    #: counts it was made of: settled as is when the request completes on those counts.
+    priced: tuple[UsageCounts, UsageReport] | None = None
 
     def overhead_s(self) -> float:
         """The gateway's own time so far: since arrival, less the upstream's."""
@@ -65,18 +68,30 @@ MAX_DURATION_CODE = "max_duration_exceeded"
 OVERHEAD_HEADER = "x-cstack-overhead-ms"
 
 
-def usage_report(
-    exchange: Exchange,
-    outcome: Outcome,
-    usage: dict[str, Any],
-    prompt: int,
-    cached: int,
-    completion: int,
-) -> UsageReport:
-    """The request's usage as billing takes it: vLLM's counts, and the reasoning tokens
-    when its usage says them."""
-    details = usage.get("completion_tokens_details")
-    reasoning = details.get("reasoning_tokens") if isinstance(details, dict) else None
+class UsageCounts(NamedTuple):
+    """What billing takes of vLLM's usage: its token counts, and the reasoning tokens when
+    its usage says them."""
+
+    prompt: int
+    cached: int
+    completion: int
+    reasoning: int | None
+
+    @classmethod
+    def of(cls, usage: dict[str, Any]) -> UsageCounts:
+        details = usage.get("completion_tokens_details")
+        reasoning = details.get("reasoning_tokens") if isinstance(details, dict) else None
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        return cls(
+            int(usage.get("prompt_tokens") or 0),
+            int(cached or 0),
+            int(usage.get("completion_tokens") or 0),
+            reasoning if isinstance(reasoning, int) and reasoning >= 0 else None,
+        )
+
+
+def usage_report(exchange: Exchange, outcome: Outcome, counts: UsageCounts) -> UsageReport:
+    """The request's usage as billing takes it."""
     key = exchange.principal.key
     return UsageReport(
         request_id=exchange.request_id,
@@ -84,14 +99,14 @@ def usage_report(
         key_id=key.key_id,
         model=exchange.route.public_model,
         tier=exchange.route.tier,
-        prompt_tokens=prompt,
-        cached_tokens=cached,
-        completion_tokens=completion,
+        prompt_tokens=counts.prompt,
+        cached_tokens=counts.cached,
+        completion_tokens=counts.completion,
         started_at=exchange.started_at,
         ended_at=datetime.now(UTC),
         outcome=outcome,
         customer_id=exchange.principal.customer_id,
-        reasoning_tokens=reasoning if isinstance(reasoning, int) and reasoning >= 0 else None,
+        reasoning_tokens=counts.reasoning,
         client_request_id=exchange.client_request_id,
     )
 

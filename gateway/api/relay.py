@@ -41,6 +41,7 @@ from gateway.api.exchange import (
     MAX_DURATION_CODE,
     OVERHEAD_HEADER,
     Exchange,
+    UsageCounts,
     max_duration_exceeded,
     stream_error,
     upstream_error,
@@ -173,25 +174,24 @@ class Relay:
             return None
         exchange.settled = True
         route = exchange.route
-        prompt = int(usage.get("prompt_tokens") or 0)
-        completion = int(usage.get("completion_tokens") or 0)
-        cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        counts = UsageCounts.of(usage)
         self._inflight[route.tier].dec()
-        self._tokens_in[route.tier].inc(prompt)
-        self._tokens_out[route.tier].inc(completion)
+        self._tokens_in[route.tier].inc(counts.prompt)
+        self._tokens_out[route.tier].inc(counts.completion)
         if exchange.admission is None and exchange.admitting is None:
             return None  # refused: nothing to bill
-        return usage_report(exchange, outcome, usage, prompt, cached, completion)
+        priced = exchange.priced
+        if outcome == "complete" and priced is not None and priced[0] == counts:
+            return priced[1]  # the report its answer was priced from: billed alike
+        return usage_report(exchange, outcome, counts)
 
     def usage_cost(self, exchange: Exchange, usage: dict[str, Any]) -> dict[str, Any] | None:
         """The request's cost for its answer (``usage.cstack_cost``), priced from the usage
         it will be billed on."""
-        prompt = int(usage.get("prompt_tokens") or 0)
-        completion = int(usage.get("completion_tokens") or 0)
-        cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
-        return self._meter.usage_cost(
-            usage_report(exchange, "complete", usage, prompt, cached, completion)
-        )
+        counts = UsageCounts.of(usage)
+        report = usage_report(exchange, "complete", counts)
+        exchange.priced = (counts, report)
+        return self._meter.usage_cost(report)
 
     async def open(
         self, exchange: Exchange, path: str, body: bytes, avoid: Replica | None = None
