@@ -26,6 +26,7 @@ from typing import TypeVar
 from fastapi import Request
 from fastapi.responses import Response
 from pydantic import BaseModel
+from starlette.types import Scope
 
 from billing.contract import Admission, AdmissionRefused, AdmissionRequest, Meter
 from gateway.access.auth import Authenticator, Principal
@@ -52,6 +53,9 @@ _TIER_HEADERS: dict[Tier, tuple[bytes, bytes]] = {
 }
 #: A client's name for a conversation: its requests go to the same replica (its cache).
 SESSION_HEADER = "x-session-id"
+_SESSION = SESSION_HEADER.encode()
+#: The request headers the handler reads (``request_headers``).
+_READ = frozenset({b"authorization", b"content-length", _SESSION})
 
 
 class GenerationHandler:
@@ -73,8 +77,9 @@ class GenerationHandler:
     async def handle(self, request: Request, endpoint: Endpoint[RequestT]) -> Response:
         # The maximum duration counts from arrival: auth and admission are part of it.
         deadline = asyncio.get_running_loop().time() + self._settings.max_request_duration_s
-        principal = await self._auth.authenticate(request.headers.get("authorization"))
-        body = await read_body(request, self._settings.max_body_bytes)
+        headers = request_headers(request.scope)
+        principal = await self._auth.authenticate(headers.get(b"authorization"))
+        body = await read_body(request, self._settings.max_body_bytes, headers)
         source = endpoint.parse(body)
         parsed = endpoint.sampling(source)
         route = self._router.resolve(parsed.model, parsed.service_tier, principal.default_tier)
@@ -102,7 +107,9 @@ class GenerationHandler:
         if route.tier == "fast" and principal.fast_overflow:
             route = self._overflow(parsed, route, shape, principal.key.org_id)
             request.scope[TIER] = route.tier
-        exchange = self._exchange(request, route, principal, admission, deadline, parsed, shape)
+        exchange = self._exchange(
+            request, headers, route, principal, admission, deadline, parsed, shape
+        )
         answer = self._answer(request, endpoint, source, parsed, exchange, shape)
         if overlapped:
             # Started last: from here the relay owns it, and settles it however the request
@@ -139,6 +146,7 @@ class GenerationHandler:
     def _exchange(
         self,
         request: Request,
+        headers: dict[bytes, str],
         route: TierRoute,
         principal: Principal,
         admission: Admission | None,
@@ -154,7 +162,7 @@ class GenerationHandler:
             datetime.now(UTC),
             deadline,
             sequences=shape.prompts * shape.n,
-            prefix=prefix_key(parsed, request.headers.get(SESSION_HEADER))
+            prefix=prefix_key(parsed, headers.get(_SESSION))
             if self._relay.routes_by_prefix(route.tier)
             else None,
             client_request_id=request.scope.get(CLIENT_REQUEST_ID),
@@ -237,10 +245,20 @@ class GenerationHandler:
         return shape_request(parsed, route, body_bytes, self._settings, context)
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+def request_headers(scope: Scope) -> dict[bytes, str]:
+    """The request headers the handler reads (the first of each), in one pass over the
+    raw headers: Starlette's ``Headers`` scans them once per lookup."""
+    found: dict[bytes, str] = {}
+    for name, value in scope["headers"]:
+        if name in _READ and name not in found:
+            found[name] = value.decode("latin-1")
+    return found
+
+
+async def read_body(request: Request, limit: int, headers: dict[bytes, str]) -> bytes:
     """The request's body, read from ASGI's messages (Starlette's body stream adds an
     async generator and a step per request for the same bytes)."""
-    declared = request.headers.get("content-length", "")
+    declared = headers.get(b"content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise _too_large(limit)
     chunks: list[bytes] = []
