@@ -48,11 +48,11 @@ async def until_disconnect(client: Client, work: Coroutine[Any, Any, T]) -> T:
     current = asyncio.current_task()
     assert current is not None
     hang_up = client.hang_up
-    if hang_up is None:
+    if hang_up is None or hang_up.gone:
+        # Gone already: ``work`` still starts and is cancelled at its first wait, as with
+        # a hang-up while it runs (what it opened is closed and settled by its own
+        # cleanup); ``receive()`` says so at once.
         return await _until_receive_disconnect(client.receive, work, current)
-    if hang_up.gone:
-        work.close()
-        raise ClientGone()
     hang_up.watch(current.cancel)
     try:
         return await work

@@ -97,22 +97,27 @@ async def test_without_a_notice_the_wait_ends_on_receives_disconnect() -> None:
         await asyncio.wait_for(waiting, 10)
 
 
-async def test_a_client_gone_before_the_wait_ends_it_at_once_and_the_work_never_runs() -> None:
-    ran = False
+async def test_a_client_gone_before_the_wait_still_runs_the_work_to_its_first_wait() -> None:
+    """The work starts and is cancelled at its first wait, so that its own cleanup (the
+    upstream connection closed, the request settled) runs as for a hang-up meanwhile."""
+    steps: list[str] = []
 
     async def work() -> None:
-        nonlocal ran
-        ran = True
+        steps.append("started")
+        try:
+            await asyncio.Event().wait()
+        finally:
+            steps.append("cleaned up")
 
     notice = HangUp()
     notice.fire()
 
     async def receive() -> dict[str, Any]:
-        raise AssertionError("the notice answers first")
+        return {"type": "http.disconnect"}  # the server says so too, at once
 
     with pytest.raises(ClientGone):
-        await until_disconnect(Client({HANG_UP: notice}, receive), work())
-    assert not ran
+        await asyncio.wait_for(until_disconnect(Client({HANG_UP: notice}, receive), work()), 10)
+    assert steps == ["started", "cleaned up"]
 
 
 async def test_a_cancel_that_is_not_a_hang_up_stays_a_cancel() -> None:
