@@ -49,9 +49,9 @@ class Exchange:
     #: left of the time is the gateway's own overhead.
     arrived: float = field(default_factory=time.perf_counter)
     upstream_s: float = 0.0
-    #: The report its answer's cost was priced from (``Relay.usage_cost``), with the
-    #: counts it was made of: settled as is when the request completes on those counts.
-    priced: tuple[UsageCounts, UsageReport] | None = None
+    #: The report its answer's cost was priced from (``Relay.usage_cost``): settled as is
+    #: when the request completes on the same counts.
+    priced: UsageReport | None = None
 
     def overhead_s(self) -> float:
         """The gateway's own time so far: since arrival, less the upstream's."""
@@ -87,6 +87,15 @@ class UsageCounts(NamedTuple):
             int(cached or 0),
             int(usage.get("completion_tokens") or 0),
             reasoning if isinstance(reasoning, int) and reasoning >= 0 else None,
+        )
+
+    @classmethod
+    def in_report(cls, report: UsageReport) -> UsageCounts:
+        return cls(
+            report.prompt_tokens,
+            report.cached_tokens,
+            report.completion_tokens,
+            report.reasoning_tokens,
         )
 
 

@@ -181,17 +181,15 @@ class Relay:
         if exchange.admission is None and exchange.admitting is None:
             return None  # refused: nothing to bill
         priced = exchange.priced
-        if outcome == "complete" and priced is not None and priced[0] == counts:
-            return priced[1]  # the report its answer was priced from: billed alike
+        if outcome == "complete" and priced is not None and UsageCounts.in_report(priced) == counts:
+            return priced  # the report its answer was priced from: billed alike
         return usage_report(exchange, outcome, counts)
 
     def usage_cost(self, exchange: Exchange, usage: dict[str, Any]) -> dict[str, Any] | None:
         """The request's cost for its answer (``usage.cstack_cost``), priced from the usage
         it will be billed on."""
-        counts = UsageCounts.of(usage)
-        report = usage_report(exchange, "complete", counts)
-        exchange.priced = (counts, report)
-        return self._meter.usage_cost(report)
+        exchange.priced = usage_report(exchange, "complete", UsageCounts.of(usage))
+        return self._meter.usage_cost(exchange.priced)
 
     async def open(
         self, exchange: Exchange, path: str, body: bytes, avoid: Replica | None = None
