@@ -131,8 +131,8 @@ _encode_event = msgspec.json.Encoder().encode
 
 def usage_event_json(fields: dict[str, Any]) -> str:
     """``usage_event_fields`` as the JSON ``UsageEvent.model_dump_json`` writes for them:
-    by msgspec (3x as fast, the same bytes for these fields), or pydantic-core for what
-    msgspec cannot write (an integer past 64 bits)."""
+    by msgspec (3x as fast, the same bytes for these fields), or by pydantic-core for a
+    value msgspec will not write (a type it does not know)."""
     try:
         return _encode_event(fields).decode()
     except (msgspec.EncodeError, OverflowError, TypeError):
