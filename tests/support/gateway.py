@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import socket
 import threading
 from collections.abc import Iterator
 
@@ -60,13 +62,13 @@ class GatewayServer:
     ) -> None:
         if settings.internal_port == GatewaySettings.model_fields["internal_port"].default:
             settings = settings.model_copy(update={"internal_port": free_port()})
+        sockets, settings = _bind(settings)
         self.settings = settings
         self.app = create_app(settings, meter, usage, accounts=accounts)
         config = server_config(
             self.app, settings, host="127.0.0.1", log_level="warning", timeout_graceful_shutdown=2
         )
         self.server = uvicorn.Server(config)
-        sockets = bind_listeners(settings.model_copy(update={"host": "127.0.0.1"}))
         self.thread = threading.Thread(
             target=self.server.run, kwargs={"sockets": sockets}, daemon=True
         )
@@ -86,6 +88,23 @@ class GatewayServer:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=15)
+
+
+def _bind(settings: GatewaySettings) -> tuple[list[socket.socket], GatewaySettings]:
+    """The gateway's listeners bound first, before its app is made (with the ports it is
+    made for). A port ``free_port`` picked stays free only until another socket takes it,
+    and any client's connection may be given it as its own port: then new ones are picked
+    (CI once lost a run to it: "Address already in use")."""
+    for _ in range(5):
+        try:
+            return bind_listeners(settings.model_copy(update={"host": "127.0.0.1"})), settings
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            settings = settings.model_copy(
+                update={"port": free_port(), "internal_port": free_port()}
+            )
+    raise RuntimeError("no two free ports for the gateway's listeners after 5 tries")
 
 
 def cstack_keys(redis_url: str, *args: str) -> Result:
