@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.api import json_codec
+from gateway.api.answer_chunks import NO_ERROR, Choice, Chunk, read_chunk
 from gateway.api.stream import UsageTally, drop_null_usage_details, event_payload, split_events
 
 
@@ -56,48 +56,42 @@ class Assembler:
             if payload == b"[DONE]":
                 self.done = True
                 continue
-            try:
-                data = json_codec.loads(payload)
-            except ValueError:
-                continue
-            if isinstance(data, dict):
-                self.chunk(data)
+            chunk = read_chunk(payload)
+            if chunk is not None:
+                self.chunk(chunk)
 
-    def chunk(self, data: dict[str, Any]) -> None:
-        if "error" in data:
-            error = data["error"]
+    def chunk(self, chunk: Chunk) -> None:
+        if chunk.error is not NO_ERROR:
+            error = chunk.error
             self.error = error if isinstance(error, dict) else {"message": str(error)}
             return
         head = self.head
         if not head:
-            head.update(id=data.get("id"), created=data.get("created"), model=data.get("model"))
-        fingerprint, metrics = data.get("system_fingerprint"), data.get("metrics")
-        if fingerprint is not None:
-            head["system_fingerprint"] = fingerprint
-        if metrics is not None:
-            head["metrics"] = metrics
-        choices = data.get("choices")
-        usage = data.get("usage")
+            head.update(id=chunk.id, created=chunk.created, model=chunk.model)
+        if chunk.system_fingerprint is not None:
+            head["system_fingerprint"] = chunk.system_fingerprint
+        if chunk.metrics is not None:
+            head["metrics"] = chunk.metrics
+        choices = chunk.choices
+        usage = chunk.usage
         if usage and isinstance(usage, dict):
-            self.tally.observe(usage, choices)
+            self.tally.observe_indices(usage, [c.index for c in choices] if choices else None)
         for choice in choices or ():
-            if isinstance(choice, dict):
-                index = choice.get("index", 0)  # _index, inlined: once per chunk
-                if not isinstance(index, int):
-                    index = 0
-                state = self.choices.get(index)
-                if state is None:
-                    state = self.choices[index] = self.new_choice(index)
-                self.add(state, choice, data)
-                finish_reason = choice.get("finish_reason")
-                if finish_reason is not None:
-                    state["finish_reason"] = finish_reason
-                    state["stop_reason"] = choice.get("stop_reason")
+            index = choice.index
+            if not isinstance(index, int):
+                index = 0
+            state = self.choices.get(index)
+            if state is None:
+                state = self.choices[index] = self.new_choice(index)
+            self.add(state, choice, chunk)
+            if choice.finish_reason is not None:
+                state["finish_reason"] = choice.finish_reason
+                state["stop_reason"] = choice.stop_reason
 
     def new_choice(self, index: int) -> dict[str, Any]:
         raise NotImplementedError
 
-    def add(self, state: dict[str, Any], choice: dict[str, Any], data: dict[str, Any]) -> None:
+    def add(self, state: dict[str, Any], choice: Choice, chunk: Chunk) -> None:
         raise NotImplementedError
 
     def answer_usage(self) -> dict[str, Any]:
@@ -162,29 +156,27 @@ class ChatAssembler(Assembler):
             "token_ids": None,
         }
 
-    def add(self, state: dict[str, Any], choice: dict[str, Any], data: dict[str, Any]) -> None:
-        if self.prompt_token_ids is None and data.get("prompt_token_ids") is not None:
-            self.prompt_token_ids = data["prompt_token_ids"]
-        delta = choice.get("delta")
-        if isinstance(delta, dict):
-            role = delta.get("role")
-            if role:
-                state["role"] = role
-            for key in ("content", "reasoning"):
-                text = delta.get(key)
-                if isinstance(text, str):
-                    _append(state, key, text)
-            calls = delta.get("tool_calls")
-            if calls:
-                for call in calls:
+    def add(self, state: dict[str, Any], choice: Choice, chunk: Chunk) -> None:
+        if self.prompt_token_ids is None and chunk.prompt_token_ids is not None:
+            self.prompt_token_ids = chunk.prompt_token_ids
+        delta = choice.delta
+        if delta is not None:
+            if delta.role:
+                state["role"] = delta.role
+            if isinstance(delta.content, str):
+                _append(state, "content", delta.content)
+            if isinstance(delta.reasoning, str):
+                _append(state, "reasoning", delta.reasoning)
+            if isinstance(delta.tool_calls, list):
+                for call in delta.tool_calls:
                     _add_tool_call(state["tool_calls"], call)
-        logprobs = choice.get("logprobs")
+        logprobs = choice.logprobs
         if isinstance(logprobs, dict):
             if state["logprobs"] is None:
                 state["logprobs"] = {"content": [], "refusal": None}
-            state["logprobs"]["content"].extend(logprobs.get("content") or ())
-        if "token_ids" in choice:
-            _extend_token_ids(state, choice)
+            _extend(state["logprobs"]["content"], logprobs.get("content"))
+        if choice.token_ids is not None:
+            _extend_token_ids(state, choice.token_ids)
 
     def finish(self, state: dict[str, Any]) -> dict[str, Any]:
         calls = [state["tool_calls"][i] for i in sorted(state["tool_calls"])]
@@ -238,7 +230,9 @@ def _add_tool_call(calls: dict[int, dict[str, Any]], delta: Any) -> None:
         call["id"] = delta["id"]
     if delta.get("type"):
         call["type"] = delta["type"]
-    function = delta.get("function") or {}
+    function = delta.get("function")
+    if not isinstance(function, dict):
+        function = {}
     if isinstance(function.get("name"), str):
         call["function"]["name"] += function["name"]
     if isinstance(function.get("arguments"), str):
@@ -261,19 +255,19 @@ class CompletionAssembler(Assembler):
             "routed_experts": None,
         }
 
-    def add(self, state: dict[str, Any], choice: dict[str, Any], data: dict[str, Any]) -> None:
-        text = choice.get("text")
-        if isinstance(text, str):
-            _append(state, "text", text)
-        logprobs = choice.get("logprobs")
+    def add(self, state: dict[str, Any], choice: Choice, chunk: Chunk) -> None:
+        if isinstance(choice.text, str):
+            _append(state, "text", choice.text)
+        logprobs = choice.logprobs
         if isinstance(logprobs, dict):
             if state["logprobs"] is None:
                 state["logprobs"] = {key: [] for key in _COMPLETION_LOGPROBS}
             for key in _COMPLETION_LOGPROBS:
-                state["logprobs"][key].extend(logprobs.get(key) or ())
-        _extend_token_ids(state, choice)
-        if state["prompt_token_ids"] is None and choice.get("prompt_token_ids") is not None:
-            state["prompt_token_ids"] = choice["prompt_token_ids"]
+                _extend(state["logprobs"][key], logprobs.get(key))
+        if choice.token_ids is not None:
+            _extend_token_ids(state, choice.token_ids)
+        if state["prompt_token_ids"] is None and choice.prompt_token_ids is not None:
+            state["prompt_token_ids"] = choice.prompt_token_ids
 
     def finish(self, state: dict[str, Any]) -> dict[str, Any]:
         return {**state, "text": _joined(state["text"]) or ""}
@@ -300,12 +294,16 @@ def _append(state: dict[str, Any], key: str, text: str) -> None:
         parts.append(text)
 
 
+def _extend(kept: list[Any], more: object) -> None:
+    if isinstance(more, list):
+        kept.extend(more)
+
+
 def _joined(parts: list[str] | None) -> str | None:
     return None if parts is None else "".join(parts)
 
 
-def _extend_token_ids(state: dict[str, Any], choice: dict[str, Any]) -> None:
-    ids = choice.get("token_ids")
+def _extend_token_ids(state: dict[str, Any], ids: object) -> None:
     if isinstance(ids, list):
         if state["token_ids"] is None:
             state["token_ids"] = ids  # freshly parsed for this chunk: ours to extend

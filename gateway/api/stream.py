@@ -68,10 +68,19 @@ class UsageTally:
         self.final: dict[str, Any] | None = None
 
     def observe(self, usage: dict[str, Any], choices: object) -> None:
-        if not choices:
-            self.final = usage
-            return
+        """A chunk's usage next to its choices as vLLM sent them (dicts)."""
         if not isinstance(choices, list):
+            if not choices:
+                self.final = usage
+            return
+        indices = [choice.get("index") if isinstance(choice, dict) else 0 for choice in choices]
+        self.observe_indices(usage, indices)
+
+    def observe_indices(self, usage: dict[str, Any], indices: list[object] | None) -> None:
+        """A chunk's usage next to the indices of its choices (None or empty: the final
+        usage-only chunk)."""
+        if not indices:
+            self.final = usage
             return
         # A count is a positive int, else 0 (checked inline: this runs for every chunk).
         prompt = usage.get("prompt_tokens")
@@ -81,8 +90,7 @@ class UsageTally:
         if not (isinstance(completion, int) and completion > 0):
             completion = 0
         per_prompt = self._choices_per_prompt
-        for choice in choices:
-            index = choice.get("index") if isinstance(choice, dict) else 0
+        for index in indices:
             if not (isinstance(index, int) and index > 0):
                 index = 0
             self._prompt[index // per_prompt if per_prompt else 0] = prompt
