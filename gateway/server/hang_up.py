@@ -3,7 +3,7 @@
 ASGI tells an app that its client went only through ``receive()``: to notice it while
 waiting on something else, an app runs a task that waits on ``receive()``, one task per
 request, made and cancelled on the hot path. The gateway's protocol
-(``gateway.server.http_limits``) knows first, in ``connection_lost``: it puts a ``HangUp``
+(``gateway.server.http11``) knows first, in ``connection_lost``: it puts a ``HangUp``
 in each request's scope (under ``HANG_UP``) and fires it there, and whoever watches it is
 called at once. A server without it (another ASGI server, a test transport) leaves the
 scope without one; ``gateway.api.downstream`` then falls back to the task.

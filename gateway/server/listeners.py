@@ -4,8 +4,8 @@ The public listener (``port``) serves the OpenAI API and the health probes; the 
 listener (``internal_port``) serves ``/metrics`` and ``/admin/``, and the probes. One app
 serves both sockets; ``ListenerGuard`` (gateway/server/middleware.py) answers 404 for a
 route on the wrong listener, so a network policy can expose one port and keep the other
-private. Each connection is parsed by ``http_limits.LimitedHttpProtocol``: HTTP/1.1
-(httptools) with limits on what a client may send.
+private. Each connection is served by ``http11.HttpProtocol``, the gateway's own HTTP/1.1
+protocol (httptools), with limits on what a client may send; uvicorn runs the process.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 import uvicorn
 
-from gateway.server.http_limits import protocol_for
+from gateway.server.http11 import protocol_for
 from gateway.settings import GatewaySettings
 
 
@@ -29,6 +29,7 @@ def server_config(app: Any, settings: GatewaySettings, **overrides: Any) -> uvic
         "timeout_graceful_shutdown": settings.shutdown_grace_s,
         "loop": "uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
         "http": protocol_for(settings),
+        "ws": "none",
         # Never build a URL from the client's Host header: no proxy headers trusted here.
         "proxy_headers": False,
         "server_header": False,

@@ -14,7 +14,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.api.downstream import Client, ClientGone, until_disconnect
 from gateway.server.hang_up import HANG_UP, HangUp
-from gateway.server.http_limits import protocol_for
+from gateway.server.http11 import protocol_for
 from gateway.settings import GatewaySettings
 
 

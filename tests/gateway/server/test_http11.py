@@ -1,0 +1,239 @@
+"""The gateway's HTTP/1.1 protocol (gateway/server/http11.py) on a real socket pair and
+event loop, made as uvicorn makes it: what leaves in one send, pipelining, hang-ups, bad
+requests, bodies read or skipped, 100-continue, HEAD, and headers that would split a
+response. (tests/security/test_http.py holds a live gateway to its limits.)"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from uvicorn.server import ServerState
+
+from gateway.server.hang_up import HANG_UP
+from gateway.server.listeners import server_config
+from gateway.settings import GatewaySettings
+
+App = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
+ANSWER = [(b"content-type", b"application/json"), (b"content-length", b"2")]
+
+
+class Sends:
+    """The real transport, with each ``write`` it is given recorded."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        self.sent: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.sent.append(bytes(data))
+        self.transport.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.transport, name)
+
+
+async def connected(app: App, **settings: Any) -> tuple[Any, Sends, socket.socket]:
+    """The protocol serving ``app`` on one end of a socket pair; the client's end."""
+    ours, peer = socket.socketpair()
+    ours.setblocking(False)
+    loop = asyncio.get_running_loop()
+    config = server_config(app, GatewaySettings(**settings), lifespan="off")
+    config.load()
+    _, protocol = await loop.connect_accepted_socket(
+        lambda: config.http_protocol_class(  # type: ignore[misc]
+            config=config, server_state=ServerState(), app_state={}, _loop=loop
+        ),
+        ours,
+    )
+    sends = Sends(protocol.transport)
+    protocol.transport = sends
+    return protocol, sends, peer
+
+
+def read_all(peer: socket.socket) -> bytes:
+    peer.settimeout(5)
+    received = b""
+    while chunk := peer.recv(65536):
+        received += chunk
+    return received
+
+
+async def read_some(peer: socket.socket, ending: bytes) -> bytes:
+    def read() -> bytes:
+        peer.settimeout(5)
+        received = b""
+        while not received.endswith(ending):
+            received += peer.recv(65536)
+        return received
+
+    return await asyncio.to_thread(read)
+
+
+def post(body: bytes, *extra: bytes) -> bytes:
+    head = b"POST /v1/x HTTP/1.1\r\nhost: t\r\ncontent-length: %d\r\n" % len(body)
+    return head + b"".join(extra) + b"\r\n" + body
+
+
+async def echo_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Reads the whole body; answers it as JSON."""
+    body, more = b"", True
+    while more:
+        message = await receive()
+        body, more = body + message.get("body", b""), message.get("more_body", False)
+    answer = json.dumps({"path": scope["path"], "body": body.decode()}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(answer))]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": answer})
+
+
+async def test_an_unstreamed_answer_leaves_in_one_send() -> None:
+    protocol, sends, peer = await connected(echo_app)
+    peer.sendall(post(b"hi"))
+    answer = await read_some(peer, b'"hi"}')
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert len(sends.sent) == 1
+    protocol.transport.close()
+
+
+async def test_a_streams_events_of_one_iteration_leave_together_in_order() -> None:
+    later = asyncio.Event()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for event in (b"a", b"b"):
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+        await later.wait()
+        await send({"type": "http.response.body", "body": b"c", "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    protocol, sends, peer = await connected(app)
+    peer.sendall(post(b""))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert len(sends.sent) == 1  # the head and both events, chunked
+    assert sends.sent[0].endswith(b"transfer-encoding: chunked\r\n\r\n1\r\na\r\n1\r\nb\r\n")
+    later.set()
+    assert (await read_some(peer, b"0\r\n\r\n")).endswith(b"1\r\nc\r\n0\r\n\r\n")
+    assert len(sends.sent) == 2  # "c" and the end, written in one iteration
+    protocol.transport.close()
+
+
+async def test_pipelined_requests_are_answered_in_order_one_at_a_time() -> None:
+    running: list[str] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        running.append(scope["path"])
+        assert len(running) == 1, "a pipelined request started before the one before it ended"
+        await asyncio.sleep(0.01 if scope["path"] == "/first" else 0)
+        await echo_app(scope, receive, send)
+        running.remove(scope["path"])
+
+    protocol, _, peer = await connected(app)
+    first = post(b"1").replace(b"/v1/x", b"/first")
+    peer.sendall(first + post(b"2").replace(b"/v1/x", b"/second"))
+    answers = await read_some(peer, b'"2"}')
+    assert answers.index(b'"/first"') < answers.index(b'"/second"')
+    protocol.transport.close()
+
+
+async def test_a_lost_connection_fires_the_hang_up_of_the_running_and_queued_requests() -> None:
+    notices: list[Any] = []
+    started = asyncio.Event()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        notices.append(scope[HANG_UP])
+        started.set()
+        await asyncio.Event().wait()
+
+    protocol, _, peer = await connected(app)
+    peer.sendall(post(b"1") + post(b"2"))
+    await started.wait()
+    queued = protocol.pipeline[0]
+    peer.close()
+    for _ in range(50):
+        if notices[0].gone:
+            break
+        await asyncio.sleep(0.01)
+    assert notices[0].gone
+    assert queued.scope[HANG_UP].gone and queued.disconnected
+
+
+async def test_a_malformed_request_gets_a_400_in_openais_shape_and_the_connection_closes() -> None:
+    _, _, peer = await connected(echo_app)
+    peer.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+    answer = await asyncio.to_thread(read_all, peer)
+    assert answer.startswith(b"HTTP/1.1 400 Bad Request\r\n")
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "invalid_http"
+
+
+async def test_a_head_too_large_gets_a_431() -> None:
+    _, _, peer = await connected(echo_app, max_headers=8)
+    many = b"".join(b"x-h%d: v\r\n" % i for i in range(20))
+    peer.sendall(b"GET / HTTP/1.1\r\nhost: t\r\n" + many + b"\r\n")
+    answer = await asyncio.to_thread(read_all, peer)
+    assert answer.startswith(b"HTTP/1.1 431 ")
+    assert b"request_header_fields_too_large" in answer
+
+
+async def test_a_body_left_unread_is_skipped_and_the_next_request_served() -> None:
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["path"] == "/early":  # answers before reading the body (an auth error)
+            await send({"type": "http.response.start", "status": 401, "headers": ANSWER})
+            await send({"type": "http.response.body", "body": b"{}"})
+            return
+        await echo_app(scope, receive, send)
+
+    protocol, _, peer = await connected(app)
+    peer.sendall(post(b"x" * 100_000).replace(b"/v1/x", b"/early"))
+    peer.sendall(post(b"after"))
+    answers = await read_some(peer, b'"after"}')
+    assert answers.startswith(b"HTTP/1.1 401 Unauthorized\r\n")
+    assert b"HTTP/1.1 200 OK" in answers
+    protocol.transport.close()
+
+
+async def test_chunked_bodies_and_100_continue_are_read() -> None:
+    protocol, _, peer = await connected(echo_app)
+    peer.sendall(
+        b"POST /c HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\nexpect: 100-continue\r\n"
+        b"\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
+    )
+    answer = await read_some(peer, b'"abcde"}')
+    assert answer.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n")
+    protocol.transport.close()
+
+
+async def test_head_answers_carry_no_body_and_http_1_0_is_closed_after_its_answer() -> None:
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": ANSWER})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    _, _, peer = await connected(app)
+    peer.sendall(b"HEAD / HTTP/1.0\r\n\r\n")
+    answer = await asyncio.to_thread(read_all, peer)  # returns: the connection was closed
+    assert answer.endswith(b"content-length: 2\r\nconnection: close\r\n\r\n")
+
+
+async def test_a_header_that_would_split_the_response_is_refused() -> None:
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        smuggled = [(b"x-id", b"1\r\nset-cookie: evil=1")]
+        await send({"type": "http.response.start", "status": 200, "headers": smuggled})
+
+    _, _, peer = await connected(app)
+    peer.sendall(b"GET / HTTP/1.1\r\nhost: t\r\n\r\n")
+    answer = await asyncio.to_thread(read_all, peer)
+    assert answer.startswith(b"HTTP/1.1 500 ")
+    assert b"evil" not in answer
+
+
+async def test_a_half_close_sends_what_is_corked_before_the_transport_closes() -> None:
+    protocol, _, peer = await connected(echo_app)
+    protocol.write(b"the answer")  # corked: waits for the iteration's end
+    protocol.eof_received()  # the client's FIN, read in the same iteration
+    protocol.transport.close()  # what the real transport then does by itself
+    assert await asyncio.to_thread(read_all, peer) == b"the answer"
