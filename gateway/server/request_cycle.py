@@ -22,6 +22,10 @@ _STATUS_LINES = {
 }
 
 
+#: The response headers the framing of its body reads.
+_FRAMING = frozenset((b"content-length", b"transfer-encoding", b"connection"))
+
+
 def _status_line(status: int) -> bytes:
     return _STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status
 
@@ -207,15 +211,15 @@ class RequestCycle:
         for name, value in self.protocol.server_state.default_headers:
             parts += (name, b": ", value, b"\r\n")
         close_asked = False
-        for name, value in headers:
-            lowered = name.lower()
-            if lowered == b"content-length":
-                self.length_left = int(value)
-            elif lowered == b"transfer-encoding":
-                self.chunked = value.lower() == b"chunked"
-            elif lowered == b"connection" and b"close" in value.lower():
-                self.keep_alive = False
-                close_asked = True
+        for name, value in headers:  # ASGI's header names are lowercase
+            if name in _FRAMING:
+                if name == b"content-length":
+                    self.length_left = int(value)
+                elif name == b"transfer-encoding":
+                    self.chunked = value.lower() == b"chunked"
+                elif b"close" in value.lower():
+                    self.keep_alive = False
+                    close_asked = True
             parts += (name, b": ", value, b"\r\n")
         lines = len(parts) // 4 + 1
         if not self.keep_alive and not close_asked:

@@ -98,9 +98,9 @@ def add_reference(assembler: Assembler, state: dict[str, Any], choice: dict[str,
                                         *listed(logprobs.get("content"))]  # fmt: skip
 
 
-#: Any JSON value, as one branch of a ``one_of`` (as likely as the expected type).
-ANY = st.deferred(lambda: st.one_of(st.none(), st.booleans(), st.integers(-3, 3),
-                  st.text(max_size=3), st.lists(st.integers(0, 9), max_size=2), st.just({})))  # fmt: skip
+#: Any JSON value (of a type a field may not expect).
+ANY = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.text(max_size=3),
+                st.lists(st.integers(0, 9), max_size=2), st.just({}))  # fmt: skip
 
 
 def mostly(
@@ -115,7 +115,8 @@ TEXT = mostly(st.text(max_size=4))
 INDEX = mostly(st.integers(0, 2))
 CALL = mostly(st.fixed_dictionaries({"index": INDEX}, optional={
     "id": TEXT, "type": TEXT,
-    "function": mostly(st.fixed_dictionaries({}, optional={"name": TEXT, "arguments": TEXT}))}))  # fmt: skip
+    "function": mostly(st.fixed_dictionaries({}, optional={"name": TEXT,
+                                                            "arguments": TEXT}))}))  # fmt: skip
 DELTA = mostly(st.fixed_dictionaries({}, optional={
     "role": TEXT, "content": TEXT, "reasoning": TEXT,
     "tool_calls": mostly(st.lists(CALL, max_size=2))}))  # fmt: skip
