@@ -121,6 +121,7 @@ class SSEResponse(Response):
         pump: Callable[[SendEvent], Coroutine[Any, Any, None]],
         headers: dict[str, str],
         deadline: float,
+        client: Client,
     ):
         # Not Response.__init__: it would render an empty body and send content-length: 0.
         self.status_code = 200
@@ -128,6 +129,8 @@ class SSEResponse(Response):
         self.init_headers({**headers, "cache-control": "no-cache"})
         self._pump = pump
         self._deadline = deadline
+        #: The request's client, as the relay watched it while opening the upstream.
+        self._client = client
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send(
@@ -140,7 +143,7 @@ class SSEResponse(Response):
         try:
             async with asyncio.timeout_at(self._deadline + END_GRACE_S):
                 try:
-                    await until_disconnect(Client(scope, receive), self._pump(send_event))
+                    await until_disconnect(self._client, self._pump(send_event))
                 except ClientGone:
                     return
                 await send({"type": "http.response.body", "body": b"", "more_body": False})

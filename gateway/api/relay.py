@@ -331,7 +331,7 @@ class Relay:
             raise upstream_error(upstream.response.status, content)
         pump = functools.partial(self._pump, exchange, upstream, rewriter)
         headers = {**exchange.headers, OVERHEAD_HEADER: self._overhead(exchange)}
-        return SSEResponse(pump, headers, exchange.deadline)
+        return SSEResponse(pump, headers, exchange.deadline, client)
 
     def _overhead(self, exchange: Exchange) -> str:
         """The gateway's own time so far, observed and as the header's value: a whole
