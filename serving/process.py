@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import re
 import signal
 import socket
@@ -35,9 +36,31 @@ _CAUSE_PATTERNS = [
 ]
 
 
+#: Where the OS says its ephemeral ports are (Linux).
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on ``host`` that nothing listens on now (the OS picks it; it stays free
-    only until someone binds it, so bind it soon)."""
+    """A TCP port on ``host`` that nothing listens on now; it stays free only until someone
+    binds it, so bind it soon.
+
+    Picked at random below the OS's ephemeral range: the OS gives every outgoing connection
+    a port from that range, so a port from it (what binding port 0 gives) may be taken by
+    any client's connection before its server binds it ("Address already in use", seen in
+    CI). Where no range is known, or nothing below it binds, the OS picks.
+    """
+    try:
+        low = int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 0
+    for _ in range(32 if low > 2048 else 0):
+        port = random.randrange(low // 2, low)
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])

@@ -1,8 +1,10 @@
-"""ManagedProcess and stop signals: a stop while waiting on a child cleans up, no hang."""
+"""ManagedProcess and stop signals: a stop while waiting on a child cleans up, no hang;
+free ports no client connection can take."""
 
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -10,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.process import ManagedProcess, ServerStartError
+from serving.process import ManagedProcess, ServerStartError, free_port
 
 SUPERVISOR = """
 import sys
@@ -114,3 +116,20 @@ def test_a_stop_whose_raise_was_swallowed_still_stops(swallowed_by: str) -> None
     # A finalizer drops any exception, so only the wait loop's check stops that one; an
     # `except Exception` no longer catches StopRequested (a BaseException) at all.
     assert ("went on" in done.stdout) == (swallowed_by == "finalizer")
+
+
+def test_free_ports_are_below_the_range_outgoing_connections_take_theirs_from() -> None:
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {free_port() for _ in range(20)}
+    assert all(low // 2 <= port < low for port in ports)
+    # A connection's own port comes from the range, never one of those.
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        connections = [socket.create_connection(server.getsockname()) for _ in range(50)]
+        try:
+            assert not ports & {c.getsockname()[1] for c in connections}
+            assert all(c.getsockname()[1] >= low for c in connections)
+        finally:
+            for connection in connections:
+                connection.close()
+    with socket.create_server(("127.0.0.1", free_port())):  # and it binds
+        pass
