@@ -30,8 +30,11 @@ def _status_line(status: int) -> bytes:
     return _STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status
 
 
-def error_response(status: int, message: str, code: str) -> bytes:
-    body = json.dumps(error_body(message, "invalid_request_error", None, code)).encode()
+def error_response(
+    status: int, message: str, code: str, kind: str = "invalid_request_error"
+) -> bytes:
+    """A whole response in OpenAI's error shape, closing the connection."""
+    body = json.dumps(error_body(message, kind, None, code)).encode()
     return (
         _status_line(status) + b"content-type: application/json\r\nconnection: close\r\n"
         b"content-length: %d\r\n\r\n" % len(body) + body
@@ -138,7 +141,7 @@ class RequestCycle:
     def _send_500(self) -> None:
         self.started = self.complete = True
         protocol = self.protocol
-        protocol.write(error_response(500, "internal error", "internal_error"))
+        protocol.write(error_response(500, "internal error", "internal_error", "server_error"))
         protocol.close()
         protocol.answered(self)
 

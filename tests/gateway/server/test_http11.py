@@ -228,6 +228,7 @@ async def test_a_header_that_would_split_the_response_is_refused() -> None:
     peer.sendall(b"GET / HTTP/1.1\r\nhost: t\r\n\r\n")
     answer = await asyncio.to_thread(read_all, peer)
     assert answer.startswith(b"HTTP/1.1 500 ")
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]["type"] == "server_error"
     assert b"evil" not in answer
 
 
