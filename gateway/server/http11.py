@@ -6,10 +6,11 @@ app it costs 14 us a request where uvicorn's httptools protocol with the gateway
 cost 20 (the 2-core machines here). It does only what the gateway needs:
 
 - limits uvicorn does not have: the request line and headers together at most
-  ``max_header_bytes`` and ``max_headers`` fields (else 431, OpenAI's error body); the
-  head within ``header_timeout_s`` of the connection's opening and of the head's first
-  byte (slow-loris clients are dropped), the body within ``body_timeout_s`` of the head;
-  an idle kept-alive connection closed after uvicorn's ``timeout_keep_alive``;
+  ``max_header_bytes`` and ``max_headers`` fields (else 431, OpenAI's error body; a
+  header that never ends is counted by the reads it spans); the head within
+  ``header_timeout_s`` of the connection's opening and of the head's first byte
+  (slow-loris clients are dropped), the body within ``body_timeout_s`` of the head; an
+  idle kept-alive connection closed after uvicorn's ``timeout_keep_alive``;
 - corked writes: what one event-loop iteration writes leaves in one send at its end (an
   unstreamed answer's head and body, a stream's events of one upstream read). Sending
   the last part of an answer at once instead cost more CPU a request, not less (the
@@ -17,9 +18,13 @@ cost 20 (the 2-core machines here). It does only what the gateway needs:
 - the hang-up notice (``gateway.server.hang_up``) in each request's scope, fired for the
   running request and any pipelined behind it when the connection is lost;
 - pipelining (a request is answered once the one before it is; reading pauses with
-  ``PIPELINE_DEPTH`` requests queued), ``Expect: 100-continue``, HEAD, HTTP/1.0 (closed
-  after its answer), flow control both ways (a client that reads nothing pauses the
-  app's writes; a body the app has not read pauses reading the socket);
+  ``PIPELINE_DEPTH`` requests queued, and stops at ``PIPELINE_LIMIT``: those are answered,
+  then the connection closes), ``Expect: 100-continue`` (answered without asking for the
+  body: the connection closes after it), HEAD, 204 and 304 (their bodies dropped),
+  HTTP/1.0 (closed after its answer), flow control both ways (a client that reads
+  nothing pauses the app's writes; a body the app has not read pauses reading);
+- a body the app answered without reading is skipped as it arrives, then the next
+  request read; a chunked body's trailers are dropped (never request headers);
 - no upgrades: a request asking for one (WebSocket, h2c) is answered as plain HTTP and
   its connection closed after it.
 
@@ -47,10 +52,18 @@ BODY_HIGH_WATER = 64 * 1024
 #: socket is read until then, so that a client who hangs up is noticed (a paused socket
 #: is not watched, not even for its end).
 PIPELINE_DEPTH = 4
+#: Requests queued behind the one being answered past which the connection reads no more:
+#: those queued are answered, then it closes (one read can hold thousands of small
+#: requests, all parsed before a pause takes effect).
+PIPELINE_LIMIT = 32
 
 
 class _HeadTooLarge(Exception):
     """Raised inside a parser callback: httptools turns it into a parse error."""
+
+
+class _TooManyQueued(Exception):
+    """Raised inside a parser callback to stop parsing a flood of pipelined requests."""
 
 
 class HttpProtocol(asyncio.Protocol):
@@ -74,6 +87,9 @@ class HttpProtocol(asyncio.Protocol):
         self.asgi = {"version": config.asgi_version, "spec_version": "2.3"}
         self.root_path: str = config.root_path
         self.parser = httptools.HttpRequestParser(self)
+        # Bytes after a request that closes the connection (``Connection: close``, HTTP/1.0)
+        # are ignored, not an error that would cut that request's answer.
+        self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.server: tuple[str, int] | None = None
         self.client: tuple[str, int] | None = None
@@ -87,10 +103,14 @@ class HttpProtocol(asyncio.Protocol):
         self.read_paused = False
         self.writable: asyncio.Event | None = None  # while the transport's buffer is full
         self.corked: list[bytes] = []
-        self.upgrade_refused = False
+        #: No more is read: an upgrade was asked for, or too many requests were queued.
+        self.reading_done = False
         self._url = b""
         self._headers: list[tuple[bytes, bytes]] = []
         self._head_bytes = 0
+        #: Bytes of the reads that began and ended inside the head: httptools hands over a
+        #: header only once it ends, so a value that never ends is counted here.
+        self._head_read = 0
         self._head_too_large = False
         self._expect_continue = False
         #: What is being read (0: nothing, 1: a head, 2: a body), and whether its read
@@ -132,29 +152,42 @@ class HttpProtocol(asyncio.Protocol):
         return None
 
     def data_received(self, data: bytes) -> None:
-        if self.upgrade_refused:
+        if self.reading_done:
             return
+        in_head = self._phase == 1
         try:
             self.parser.feed_data(data)
-            if self._phase and not self._phase_timed:
-                self._phase_timed = True
-                limits = self.limits
-                self.read_deadline.set(
-                    limits.header_timeout_s if self._phase == 1 else limits.body_timeout_s
-                )
         except httptools.HttpParserUpgrade:
             # The request was dispatched as plain HTTP; what follows its head is another
             # protocol's, never read. Its answer closes the connection.
-            self.upgrade_refused = True
-            for cycle in (self.reading, self.answering):
-                if cycle is not None:
-                    cycle.keep_alive = False
+            self._stop_reading()
+            return
         except httptools.HttpParserError:
+            if self.reading_done:  # too many queued: answer them, then close
+                return
             self._refuse_malformed()
+            return
+        phase = self._phase
+        if phase == 1 and in_head:
+            self._head_read += len(data)
+            if self._head_read > self.limits.max_header_bytes:
+                self._head_too_large = True
+                self._refuse_malformed()
+                return
+        if phase and not self._phase_timed:
+            self._phase_timed = True
+            limits = self.limits
+            self.read_deadline.set(limits.header_timeout_s if phase == 1 else limits.body_timeout_s)
+
+    def _stop_reading(self) -> None:
+        """Read no more: the last request read is the connection's last answer."""
+        self.reading_done = True
+        if self.reading is not None:
+            self.reading.keep_alive = False
 
     def _refuse_malformed(self) -> None:
         if self.answering is not None and not self.answering.complete:
-            self.transport.close()  # an answer is on its way: nowhere to put an error
+            self.close()  # an answer is on its way: nowhere to put an error
             return
         if self._head_too_large:
             limits = self.limits
@@ -227,6 +260,7 @@ class HttpProtocol(asyncio.Protocol):
         self._url = b""
         self._headers = []
         self._head_bytes = 0
+        self._head_read = 0
         self._expect_continue = False
         self._phase = 1
         self._phase_timed = False
@@ -239,6 +273,8 @@ class HttpProtocol(asyncio.Protocol):
         self._url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self._phase != 1:
+            return  # a chunked body's trailer: not a request header
         self._head_bytes += len(name) + len(value)
         headers = self._headers
         limits = self.limits
@@ -280,15 +316,15 @@ class HttpProtocol(asyncio.Protocol):
             "state": self.app_state.copy(),
             HANG_UP: HangUp(),
         }
-        keep_alive = version != "1.0" and parser.should_keep_alive() and not self.upgrade_refused
+        keep_alive = version != "1.0" and parser.should_keep_alive()
         cycle = RequestCycle(self, scope, keep_alive, self._expect_continue)
         self.reading = cycle
         if self.answering is None:
             self._answer(cycle)
-        else:  # pipelined: answered after the one before it
-            self.pipeline.append(cycle)
-            if len(self.pipeline) >= PIPELINE_DEPTH:
-                self.pause_reading()
+            return
+        self.pipeline.append(cycle)  # pipelined: answered after the one before it
+        if len(self.pipeline) >= PIPELINE_DEPTH:
+            self.pause_reading()
 
     def on_body(self, body: bytes) -> None:
         cycle = self.reading
@@ -309,8 +345,11 @@ class HttpProtocol(asyncio.Protocol):
         self._phase = 0
         if cycle.complete and self.answering is None:  # answered before its body was read
             self.read_deadline.set(self.keep_alive_s)
-        elif self._phase_timed:
+        else:  # the head's or the body's, whichever was set
             self.read_deadline.clear()
+        if len(self.pipeline) >= PIPELINE_LIMIT:  # whole, it is the last one answered
+            self._stop_reading()
+            raise _TooManyQueued()
 
     # --- answering ------------------------------------------------------------------
 

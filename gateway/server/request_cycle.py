@@ -65,6 +65,7 @@ class RequestCycle:
     __slots__ = (
         "body",
         "body_size",
+        "bodyless",
         "chunked",
         "complete",
         "delivered",
@@ -92,7 +93,10 @@ class RequestCycle:
         self.more_body = True
         #: The whole body was handed to the app: ``receive`` now waits for the end.
         self.delivered = False
-        self.waiter: asyncio.Future[None] | None = None
+        #: What ``receive`` waits on; every waiting caller is woken.
+        self.waiter: asyncio.Event | None = None
+        #: The response carries no body (HEAD, 204, 304): what the app sends is dropped.
+        self.bodyless = False
         self.task: asyncio.Task[None] | None = None
         self.disconnected = False
         self.started = False
@@ -105,8 +109,7 @@ class RequestCycle:
         waiter = self.waiter
         if waiter is not None:
             self.waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
+            waiter.set()
 
     def lost(self) -> None:
         if not self.complete:
@@ -156,8 +159,9 @@ class RequestCycle:
         ):
             if protocol.read_paused:
                 protocol.resume_reading()
-            self.waiter = protocol.loop.create_future()
-            await self.waiter
+            if self.waiter is None:
+                self.waiter = asyncio.Event()
+            await self.waiter.wait()
         if self.disconnected or self.complete:
             return {"type": "http.disconnect"}
         body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
@@ -186,7 +190,7 @@ class RequestCycle:
             raise RuntimeError(f"expected http.response.body, got {kind}")
         body: bytes = message.get("body", b"")
         more: bool = message.get("more_body", False)
-        if self.scope["method"] == "HEAD":
+        if self.bodyless:
             data = b""
         elif self.chunked:
             data = b"%x\r\n%b\r\n" % (len(body), body) if body else b""
@@ -204,6 +208,8 @@ class RequestCycle:
             return
         protocol.write(data)
         self.complete = True
+        self.body = []  # what was not read is dropped as it arrives, not kept
+        self.body_size = 0
         self.wake()
         if not self.keep_alive:
             protocol.close()
@@ -225,15 +231,15 @@ class RequestCycle:
                     close_asked = True
             parts += (name, b": ", value, b"\r\n")
         lines = len(parts) // 4 + 1
+        if self.expect_continue and self.more_body:
+            # Answered before the body its client holds back until asked: what the client
+            # sends next may be that body or a request, so the connection ends here.
+            self.keep_alive = False
         if not self.keep_alive and not close_asked:
             parts.append(b"connection: close\r\n")
             lines += 1
-        if (
-            self.length_left is None
-            and not self.chunked
-            and self.scope["method"] != "HEAD"
-            and status not in (204, 304)
-        ):
+        self.bodyless = self.scope["method"] == "HEAD" or status in (204, 304)
+        if self.length_left is None and not self.chunked and not self.bodyless:
             self.chunked = True
             parts.append(b"transfer-encoding: chunked\r\n")
             lines += 1

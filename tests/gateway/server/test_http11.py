@@ -6,6 +6,7 @@ response. (tests/security/test_http.py holds a live gateway to its limits.)"""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 from collections.abc import Awaitable, Callable
@@ -14,6 +15,7 @@ from typing import Any
 from uvicorn.server import ServerState
 
 from gateway.server.hang_up import HANG_UP
+from gateway.server.http11 import PIPELINE_LIMIT
 from gateway.server.listeners import server_config
 from gateway.settings import GatewaySettings
 
@@ -67,7 +69,10 @@ async def read_some(peer: socket.socket, ending: bytes) -> bytes:
         peer.settimeout(5)
         received = b""
         while not received.endswith(ending):
-            received += peer.recv(65536)
+            chunk = peer.recv(65536)
+            if not chunk:
+                raise ConnectionError(f"closed after {received[-200:]!r}")
+            received += chunk
         return received
 
     return await asyncio.to_thread(read)
@@ -238,3 +243,123 @@ async def test_a_half_close_sends_what_is_corked_before_the_transport_closes() -
     protocol.eof_received()  # the client's FIN, read in the same iteration
     protocol.transport.close()  # what the real transport then does by itself
     assert await asyncio.to_thread(read_all, peer) == b"the answer"
+
+
+# Found by a review from outside this suite (each failed before its fix).
+
+
+async def test_a_head_split_over_two_reads_leaves_no_deadline_to_cut_its_answer() -> None:
+    async def slow(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await asyncio.sleep(0.5)  # longer than the head's deadline
+        await echo_app(scope, receive, send)
+
+    protocol, _, peer = await connected(slow, header_timeout_s=0.2)
+    request = post(b"hi")
+    peer.sendall(request[:10])
+    await asyncio.sleep(0.05)
+    peer.sendall(request[10:])
+    assert (await read_some(peer, b'"hi"}')).startswith(b"HTTP/1.1 200 OK")
+    protocol.transport.close()
+
+
+async def test_a_large_body_answered_unread_over_many_reads_is_skipped() -> None:
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["path"] == "/early":
+            await send({"type": "http.response.start", "status": 401, "headers": ANSWER})
+            await send({"type": "http.response.body", "body": b"{}"})
+            return
+        await echo_app(scope, receive, send)
+
+    protocol, _, peer = await connected(app)
+    request = post(b"x" * 300_000).replace(b"/v1/x", b"/early")
+    for start in range(0, len(request), 100_000):  # the first read past the high water
+        peer.sendall(request[start : start + 100_000])
+        await asyncio.sleep(0.01)
+    peer.sendall(post(b"after"))
+    assert b"HTTP/1.1 200 OK" in await read_some(peer, b'"after"}')
+    protocol.transport.close()
+
+
+async def test_a_header_that_never_ends_gets_a_431() -> None:
+    _, _, peer = await connected(echo_app, max_header_bytes=1024)
+    peer.sendall(b"GET / HTTP/1.1\r\nhost: t\r\nx-big: ")
+    for _ in range(8):
+        await asyncio.sleep(0.01)
+        with contextlib.suppress(OSError):
+            peer.sendall(b"a" * 1000)
+    answer = await asyncio.to_thread(read_all, peer)
+    assert answer.startswith(b"HTTP/1.1 431 ")
+
+
+async def test_bytes_after_a_closing_request_do_not_cut_its_answer() -> None:
+    _, _, peer = await connected(echo_app)
+    peer.sendall(post(b"1", b"connection: close\r\n") + b"GET /b HTTP/1.1\r\n\r\n")
+    answer = await asyncio.to_thread(read_all, peer)
+    assert answer.startswith(b"HTTP/1.1 200 OK") and answer.endswith(b'"1"}')
+
+
+async def test_a_flood_of_pipelined_requests_is_cut_at_the_limit_and_closed() -> None:
+    started = asyncio.Event()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        started.set()
+        await echo_app(scope, receive, send)
+
+    protocol, _, peer = await connected(app)
+    peer.sendall(b"GET / HTTP/1.1\r\nhost: t\r\n\r\n" * 5_000)
+    await started.wait()
+    assert len(protocol.pipeline) <= PIPELINE_LIMIT
+    answers = await asyncio.to_thread(read_all, peer)  # returns: the connection closed
+    assert answers.count(b"HTTP/1.1 200 OK") == PIPELINE_LIMIT + 1
+
+
+async def test_trailers_are_no_request_headers_and_upgrades_cut_no_earlier_request() -> None:
+    seen: list[Any] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        seen.append((scope["path"], [name for name, _ in scope["headers"]]))
+        await echo_app(scope, receive, send)
+
+    _, _, peer = await connected(app)
+    peer.sendall(
+        b"POST /t HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n"
+        b"3\r\nabc\r\n0\r\nauthorization: Bearer smuggled\r\n\r\n"
+        b"GET /2 HTTP/1.1\r\nhost: t\r\n\r\n"
+        b"GET /3 HTTP/1.1\r\nhost: t\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n"
+    )
+    answers = await asyncio.to_thread(read_all, peer)
+    assert answers.count(b"HTTP/1.1 200 OK") == 3
+    assert seen[0] == ("/t", [b"host", b"transfer-encoding"])
+
+
+async def test_every_waiting_receiver_hears_of_the_hang_up() -> None:
+    heard: list[str] = []
+    both = asyncio.Event()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+
+        async def listen() -> None:
+            heard.append((await receive())["type"])
+            if len(heard) == 2:
+                both.set()
+
+        await asyncio.gather(listen(), listen())
+
+    _, _, peer = await connected(app)
+    peer.sendall(post(b""))
+    await asyncio.sleep(0.05)
+    peer.close()
+    await asyncio.wait_for(both.wait(), 5)
+    assert heard == ["http.disconnect", "http.disconnect"]
+
+
+async def test_an_answer_that_never_asked_for_the_body_closes_the_connection() -> None:
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 413, "headers": ANSWER})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    _, _, peer = await connected(app)
+    peer.sendall(post(b"x" * 10).split(b"\r\n\r\n")[0] + b"\r\nexpect: 100-continue\r\n\r\n")
+    answer = await asyncio.to_thread(read_all, peer)  # returns: the connection closed
+    assert answer.startswith(b"HTTP/1.1 413 ") and b"connection: close" in answer
