@@ -44,7 +44,6 @@ def error_response(
 class Connection(Protocol):
     """What a request needs of its connection (``http11.HttpProtocol``)."""
 
-    loop: asyncio.AbstractEventLoop
     server_state: Any
     read_paused: bool
     #: Set while the transport's buffer is full; the app's writes wait on it.
