@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 from fastapi.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from gateway.deadlines import timeout_at
 from gateway.server.hang_up import HANG_UP, HangUp
 
 logger = logging.getLogger(__name__)
@@ -141,7 +142,7 @@ class SSEResponse(Response):
             await send({"type": "http.response.body", "body": event, "more_body": True})
 
         try:
-            async with asyncio.timeout_at(self._deadline + END_GRACE_S):
+            with timeout_at(self._deadline + END_GRACE_S):
                 try:
                     await until_disconnect(self._client, self._pump(send_event))
                 except ClientGone:

@@ -48,6 +48,7 @@ from gateway.api.exchange import (
     usage_report,
 )
 from gateway.api.stream import COST_FIELD, EventWriter
+from gateway.deadlines import timeout_at
 from gateway.errors import GatewayError, upstream_unavailable
 from gateway.metrics import GatewayMetrics
 from gateway.upstream.engine_slots import EngineBusy
@@ -284,7 +285,7 @@ class Relay:
                     upstream.close()
 
         try:
-            async with asyncio.timeout_at(exchange.deadline):
+            with timeout_at(exchange.deadline):
                 await until_disconnect(client, call_upstream())
         except ClientGone:
             await self.settle(exchange, "client_disconnect", assembler.usage)
@@ -353,7 +354,7 @@ class Relay:
         first = True
         try:
             try:
-                async with asyncio.timeout_at(exchange.deadline):
+                with timeout_at(exchange.deadline):
                     async for raw in upstream.response.iter_chunks():
                         events = rewriter.feed(raw)
                         if not events:
