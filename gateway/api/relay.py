@@ -263,7 +263,7 @@ class Relay:
                         content = await upstream.response.read()
                         await self.settle(exchange, "upstream_error", {})
                         raise upstream_error(upstream.response.status, content)
-                    async for raw in upstream.response.iter_chunks():
+                    async for raw in upstream.response:
                         assembler.feed(raw)
                     return
                 except (UpstreamCut, UpstreamReadTimeout) as exc:
@@ -355,7 +355,7 @@ class Relay:
         try:
             try:
                 with timeout_at(exchange.deadline):
-                    async for raw in upstream.response.iter_chunks():
+                    async for raw in upstream.response:
                         events = rewriter.feed(raw)
                         if not events:
                             continue

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
 
 import httptools
@@ -61,13 +61,13 @@ class Response:
         #: Seconds spent waiting for the body's bytes (the upstream's time, not ours).
         self.waited_s = 0.0
 
-    # Called by the connection as bytes arrive.
+    # Called by the connection as bytes arrive: a read's chunks (vLLM sends an HTTP chunk
+    # per event) are gathered, and the reader woken once for all of them (``wake``).
     def feed(self, chunk: bytes) -> None:
         self._chunks.append(chunk)
         self._buffered += len(chunk)
         if self._buffered > BUFFER_HIGH_WATER:
             self._connection.pause_reading()
-        self._wake()
 
     def finish(self, error: Exception | None = None) -> None:
         if error is None:
@@ -76,27 +76,25 @@ class Response:
             self.error = error
             if not self.head.done():
                 self.head.set_exception(error)
-        self._wake()
+        self.wake()
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
-    async def iter_chunks(self) -> AsyncIterator[bytes]:
-        """The body as it arrives: everything that came since the last step in one piece
-        (vLLM sends an HTTP chunk per event; one step for all of a read's events spares
-        the relay a step, a split and a write for each)."""
+    # ``async for data in response``: the body as it arrives, everything that came since
+    # the last step in one piece (one step for all of a read's events spares the relay a
+    # step, a split and a write for each). The response is its own iterator, not an async
+    # generator: the loop tracks every async generator in a weak set, made and dropped
+    # per request.
+    def __aiter__(self) -> Response:
+        return self
+
+    async def __anext__(self) -> bytes:
         chunks = self._chunks
-        while True:
-            if chunks:
-                data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
-                chunks.clear()
-                self._buffered = 0
-                self._connection.resume_reading()
-                yield data
-                continue
+        while not chunks:
             if self.complete:
-                return
+                raise StopAsyncIteration
             if self.error is not None:
                 raise self.error
             self._waiter = self._connection.loop.create_future()
@@ -105,9 +103,14 @@ class Response:
                 await self._waiter
             finally:
                 self.waited_s += time.perf_counter() - waiting_since
+        data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        self._buffered = 0
+        self._connection.resume_reading()
+        return data
 
     async def read(self) -> bytes:
-        return b"".join([chunk async for chunk in self.iter_chunks()])
+        return b"".join([chunk async for chunk in self])
 
     def close(self) -> None:
         """Back to the pool if the exchange finished cleanly, else drop the connection."""
@@ -196,11 +199,13 @@ class Connection(asyncio.Protocol):
             self.abort()  # bytes nobody asked for: the connection cannot be trusted
             return
         self._arm_timer()
+        response = self.response
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            self.response.finish(UpstreamCut(f"malformed upstream response: {exc}"))
+            response.finish(UpstreamCut(f"malformed upstream response: {exc}"))
             self.abort()
+        response.wake()  # for every chunk of the read at once
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.alive = False

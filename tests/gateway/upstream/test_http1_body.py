@@ -43,7 +43,7 @@ def test_events_that_arrive_together_come_out_in_one_piece() -> None:
             pool = ConnectionPool(url, limit=1, connect_timeout_s=5, read_timeout_s=30)
             try:
                 response = await pool.request("/v1/chat/completions", b"{}", {})
-                pieces = [piece async for piece in response.iter_chunks()]
+                pieces = [piece async for piece in response]
                 response.close()
                 return pieces
             finally:
@@ -72,7 +72,7 @@ def test_a_reader_that_falls_behind_pauses_the_upstream_and_loses_nothing() -> N
                 await asyncio.sleep(0.5)  # the reader is busy elsewhere
                 buffered = response._buffered
                 paused = response._connection._reading_paused
-                received = b"".join([piece async for piece in response.iter_chunks()])
+                received = b"".join([piece async for piece in response])
                 response.close()
                 return buffered, paused, received
             finally:
