@@ -5,7 +5,8 @@ way (``gateway.api.admission``).
 
 The request body is validated once by pydantic (in Rust) and the upstream body is
 serialised once from the validated model. vLLM is always asked for a stream with
-continuous usage, so the tokens generated so far are known however the request ends;
+continuous usage, so the tokens generated so far are known however the request ends (to
+within a chunk: ``shaping.UNSTREAMED_STREAM_INTERVAL`` for an answer assembled whole);
 streams are relayed with ``model`` and ``service_tier`` rewritten and their chunks
 mended where vLLM's break OpenAI's schema (``stream``), and a client that asked for one
 JSON answer gets it assembled in vLLM's unstreamed shape, held to the same schema

@@ -52,6 +52,15 @@ TOOLS_TEMPLATE_TOKENS = 512
 #: Tokens allowed a tool for the fields vLLM renders as nulls when the client left them
 #: out (``, "description": null, "parameters": null, "strict": null`` is 55 bytes).
 TOOL_DEFAULTS_TOKENS = 64
+#: Output tokens per chunk vLLM streams for a request the client asked to answer whole
+#: (vLLM's ``stream_interval``; its first and last chunks come at once). The gateway reads
+#: the stream only to assemble the answer and to know the tokens generated if the request
+#: is cut short; a chunk per token cost vLLM's API server, a Python process that every
+#: request on the engine goes through, and the gateway's parser a step each: on the tiny
+#: CPU engine, 8 clients of 128-token answers got 1.07-1.17x the tokens/s with 16. What a
+#: cut request goes unbilled for grows to the tokens after its last chunk: at most 15 a
+#: choice, of an answer its client never received.
+UNSTREAMED_STREAM_INTERVAL = 16
 #: A chat request without ``reasoning_effort`` does not think, as GPT-5.1 defaults to
 #: ``none``: clients written before reasoning keep their answers, latency and bills.
 DEFAULT_REASONING_EFFORT = "none"
@@ -91,7 +100,10 @@ def shape_request(
     body["model"] = route.served_model
     if route.priority is not None:
         body["priority"] = route.priority
-    if route.stream_interval and body.get("stream"):
+    if not body.get("stream"):
+        # Nobody reads its tokens as they come: see UNSTREAMED_STREAM_INTERVAL.
+        body["stream_interval"] = max(route.stream_interval or 1, UNSTREAMED_STREAM_INTERVAL)
+    elif route.stream_interval:
         body["stream_interval"] = route.stream_interval
     if isinstance(parsed, ChatCompletionRequest):
         if len(parsed.messages) > settings.max_messages:

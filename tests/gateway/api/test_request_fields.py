@@ -126,8 +126,10 @@ def test_only_passed_fields_reach_vllm() -> None:
     nothing_asked = {"modalities": ["text"], "audio": None, "functions": None}
     body = {"model": "composer-2.5", "messages": MESSAGES, "top_k": 5, "return_token_ids": True}
     sent = upstream_body(ChatCompletionRequest, {**body, **ignored, **nothing_asked})
-    # chat_template_kwargs: every chat says whether it thinks (see the next test).
-    assert set(sent) == {*body, "max_tokens", "stream", "stream_options", "chat_template_kwargs"}
+    # chat_template_kwargs: every chat says whether it thinks (see the next test);
+    # stream_interval: an answer assembled whole is read in chunks of several tokens.
+    added = {"max_tokens", "stream", "stream_options", "chat_template_kwargs", "stream_interval"}
+    assert set(sent) == {*body, *added}
     completion = {"model": "composer-2.5", "prompt": "a", "user": "u-1", "best_of": 1}
     assert "user" not in upstream_body(CompletionRequest, completion)
     assert "best_of" not in upstream_body(CompletionRequest, completion)

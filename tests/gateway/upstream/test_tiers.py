@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from gateway.api.protocol import ChatCompletionRequest
-from gateway.api.shaping import shape_request
+from gateway.api.shaping import UNSTREAMED_STREAM_INTERVAL, shape_request
 from gateway.errors import GatewayError
 from gateway.settings import GatewaySettings
 from gateway.upstream.tiers import TierRouter
@@ -58,7 +58,7 @@ def test_upstream_urls_must_be_http_origins() -> None:
         GatewaySettings(fast_upstream_urls="https://fast:443")  # type: ignore[arg-type]
 
 
-def test_standard_streams_in_chunks_on_a_shared_engine_only() -> None:
+def test_standard_streams_in_chunks_on_a_shared_engine_only_and_whole_answers_everywhere() -> None:
     chunked = load_variants(ServingSettings().variants_file).variant("shared")
     assert chunked.tier_stream_interval == {"standard": 8}
     settings = GatewaySettings(upstream_url="http://engine:8000")
@@ -74,8 +74,10 @@ def test_standard_streams_in_chunks_on_a_shared_engine_only() -> None:
         return dict(json.loads(shape.upstream_body))
 
     assert upstream_body("standard", stream=True)["stream_interval"] == 8
-    assert "stream_interval" not in upstream_body("standard", stream=False)
     assert "stream_interval" not in upstream_body("fast", stream=True)
+    # An answer assembled whole is read in larger chunks on every engine, either tier.
+    for tier in ("standard", "fast"):
+        assert upstream_body(tier, stream=False)["stream_interval"] == UNSTREAMED_STREAM_INTERVAL
     split = TierRouter.from_settings(
         GatewaySettings(
             fast_upstream_urls="http://fast:8000",  # type: ignore[arg-type]
