@@ -22,8 +22,9 @@ alone and under standard load of 12 and 16 clients of 64 and 256 tokens, and sta
 probes under the same fast loads; it ends with the worst ratio and the worst p99. The sweep
 runs with standard streaming 8 tokens a chunk (the shared variant's ``tier_stream_interval``,
 production) and, as the labelled extra, every token. With ``--load-unstreamed`` the load's
-clients ask for whole answers, which vLLM sends the gateway token by token in both modes
-(only streams come in the tier's chunks); the modes then differ in the standard probes.
+clients ask for whole answers, which vLLM sends the gateway 16 tokens a chunk in both modes
+(``gateway.api.shaping.UNSTREAMED_STREAM_INTERVAL``); the modes then differ in the standard
+probes only.
 """
 
 from __future__ import annotations

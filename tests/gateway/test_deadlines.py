@@ -191,3 +191,58 @@ def test_timeout_at_outside_a_task_is_refused() -> None:
         assert "inside a task" in str(await failed)
 
     uvloop.run(in_a_callback())
+
+
+async def first_wait_after(when_from_now: float | None) -> str:
+    """How a block under a deadline ends when its task yields once (``sleep(0)``)."""
+    loop = asyncio.get_running_loop()
+    try:
+        with timeout_at(None if when_from_now is None else loop.time() + when_from_now):
+            await asyncio.sleep(0)
+    except TimeoutError:
+        return "timed out"
+    return "ended"
+
+
+@pytest.mark.parametrize("run", [asyncio.run, uvloop.run], ids=["asyncio", "uvloop"])
+def test_timeout_at_past_expires_at_the_first_wait_and_none_never(run: Callable[..., Any]) -> None:
+    assert run(first_wait_after(-1.0)) == "timed out"  # as asyncio's does, by call_soon
+    assert run(first_wait_after(None)) == "ended"
+    assert run(first_wait_after(30.0)) == "ended"
+
+
+@pytest.mark.parametrize("run", [asyncio.run, uvloop.run], ids=["asyncio", "uvloop"])
+def test_timeout_at_never_expires_before_its_moment(run: Callable[..., Any]) -> None:
+    """Deadlines a fraction of a millisecond apart (uvloop's timers count milliseconds, and
+    one handle serves them all): each block sees its own moment passed when it times out;
+    a deadline of None beside them never expires and leaves the others working."""
+
+    async def lateness() -> list[float]:
+        loop = asyncio.get_running_loop()
+        start = loop.time() + 0.01
+        seen: list[float] = []
+
+        async def one(when: float | None) -> None:
+            try:
+                with timeout_at(when):
+                    await asyncio.sleep(0.5 if when is None else 60)
+            except TimeoutError:
+                assert when is not None
+                seen.append(loop.time() - when)
+
+        await asyncio.gather(one(None), *(one(start + i * 0.0001) for i in range(40)))
+        return seen
+
+    seen = run(lateness())
+    assert len(seen) == 40 and min(seen) >= 0
+
+
+def test_timeout_at_is_entered_once() -> None:
+    async def twice() -> None:
+        timeout = timeout_at(asyncio.get_running_loop().time() + 30)
+        with timeout:
+            pass
+        with pytest.raises(RuntimeError, match="already been entered"), timeout:
+            pass
+
+    uvloop.run(twice())
