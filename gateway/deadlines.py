@@ -20,10 +20,7 @@ requests in flight, about once a maximum duration). A plain ``with``: nothing in
 leaving waits. Expiring is ``asyncio.timeout_at``'s: the task is cancelled (at its next
 wait, for a deadline already past; never before the deadline otherwise), and the
 cancellation leaves the block as ``TimeoutError`` unless the task was also cancelled from
-elsewhere. An independent review held it to ``asyncio.timeout_at`` over randomized
-scenarios (nested deadlines, cancels from elsewhere, a client's hang-up); what it found
-(deadlines expired up to 1 ms early, a past one a step late, None, re-entry, loops in
-threads) is fixed and tested.
+elsewhere (``tests/gateway/test_deadlines.py`` holds it to ``asyncio.timeout_at``).
 """
 
 from __future__ import annotations
