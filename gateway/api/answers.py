@@ -4,8 +4,8 @@ The gateway asks vLLM for a stream (with continuous usage) even when the client 
 one JSON answer: then the tokens generated so far are known as they come (a chunk of
 ``shaping.UNSTREAMED_STREAM_INTERVAL`` at a time), and a client that hangs up, or a request
 that reaches its maximum duration, is billed for them (vLLM reports nothing for an
-unstreamed request it aborts). The assembled answer has the keys
-and values of vLLM's own non-streaming answer for chat and text completions: text or
+unstreamed request it aborts). The assembled answer has the keys and values of vLLM's own
+non-streaming answer for chat and text completions: text or
 message (content, tool calls), logprobs, finish and stop reasons, token ids, usage with
 its details. One difference is vLLM's own: a tool call cut by ``max_tokens`` is a partial
 call when streamed, where the unstreamed answer has the raw text as content.
