@@ -20,6 +20,7 @@ from sqlalchemy import select
 from billing.ledger import UsageRow, make_engine, migrate
 from billing.ledger.consumer import UsageStreamConsumer
 from billing.settings import BillingSettings
+from gateway.api.shaping import UNSTREAMED_STREAM_INTERVAL as CHUNK
 from serving.process import free_port
 from tests.support.billing import create_org_key, port_open, usage_backlog
 from tests.support.gateway_processes import gateway_processes
@@ -73,7 +74,8 @@ async def test_hanging_up_on_a_non_streaming_request_bills_its_tokens_in_the_led
             b"content-length: %d\r\n\r\n%s" % (token.encode(), len(body), body)
         )
         generated = lambda: vllm_counter(vllm_url, "vllm:generation_tokens_total")  # noqa: E731
-        wait_until(lambda: generated() > before + 20, "vLLM to generate")
+        # An answer asked for whole comes 16 tokens a chunk after its first: three chunks.
+        wait_until(lambda: generated() > before + 2 * CHUNK + 8, "vLLM to generate")
         client.close()  # nothing of the answer was sent: it was still being generated
 
         sync = redis.Redis.from_url(billing_settings.redis_url)
@@ -86,5 +88,5 @@ async def test_hanging_up_on_a_non_streaming_request_bills_its_tokens_in_the_led
             select(UsageRow.outcome, UsageRow.completion_tokens, UsageRow.list_cost_nano_usd)
         ).all()
     assert row.outcome == "client_disconnect"
-    assert 20 <= row.completion_tokens < 1500
+    assert CHUNK + 1 <= row.completion_tokens < 1500
     assert row.list_cost_nano_usd >= row.completion_tokens * 15_000  # fast tier's output price
