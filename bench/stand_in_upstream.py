@@ -1,9 +1,14 @@
 """The fast upstream `bench/gateway_overhead.py` puts every gateway in front of: a raw asyncio
-HTTP server answering canned chat completions (8 tokens) and SSE streams (8 events and
-`[DONE]`) to any request, in its own process, so that what the benchmark measures is the
-gateways and not an engine.
+HTTP server answering canned chat completions of 8 tokens to any request, in its own
+process, so that what the benchmark measures is the gateways and not an engine.
 
     python bench/stand_in_upstream.py PORT      # prints "ready" once it listens
+
+A stream has the events vLLM 0.32 sends for the body it gets (``stream_events``): the
+role's chunk, the tokens a chunk each or ``stream_interval`` at a time (the first alone,
+the rest with the finish), usage in each chunk when ``continuous_usage_stats`` is asked
+for and a chunk of its own when ``include_usage`` is, then ``[DONE]``. One choice,
+whatever ``n`` asks: TensorZero refuses ``n > 1``, and every gateway relays the same work.
 
 ``POST /bench/delay`` with a body of milliseconds sets how long it waits before answering
 (``set_upstream_delay``, the benchmark's control).
@@ -13,17 +18,24 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
-from typing import cast
+from functools import cache
+from typing import Any, cast
 
-STREAM_EVENTS = 8
+ANSWER_TOKENS = 8
+PROMPT_TOKENS = 9
+_INTERVAL = re.compile(rb'"stream_interval": ?(\d+)')
+_STREAM_HEAD = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+)
 
 
-def canned_responses() -> tuple[bytes, bytes]:
+def plain_response() -> bytes:
     usage = {
-        "prompt_tokens": 9,
-        "completion_tokens": STREAM_EVENTS,
-        "total_tokens": 9 + STREAM_EVENTS,
+        "prompt_tokens": PROMPT_TOKENS,
+        "completion_tokens": ANSWER_TOKENS,
+        "total_tokens": PROMPT_TOKENS + ANSWER_TOKENS,
     }
     completion = {
         "id": "chatcmpl-bench", "object": "chat.completion", "created": 1, "model": "composer-2.5",
@@ -32,26 +44,68 @@ def canned_responses() -> tuple[bytes, bytes]:
         "usage": usage,
     }  # fmt: skip
     body = json.dumps(completion, separators=(",", ":")).encode()
-    plain = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (
+    return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (
         len(body),
         body,
     )
-    stream = (
-        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-    )
-    for index in range(STREAM_EVENTS):
-        chunk = {
+
+
+def stream_events(interval: int, include_usage: bool, continuous: bool) -> list[dict[str, Any]]:
+    """The chunks vLLM sends for an answer of ANSWER_TOKENS tokens: it sends the first
+    token at once, then whenever ``interval`` more are made, or the answer ends."""
+
+    def usage(completion: int) -> dict[str, int]:
+        return {
+            "prompt_tokens": PROMPT_TOKENS,
+            "total_tokens": PROMPT_TOKENS + completion,
+            "completion_tokens": completion,
+        }
+
+    def chunk(choices: list[dict[str, Any]], made: int) -> dict[str, Any]:
+        event: dict[str, Any] = {
             "id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1,
-            "model": "composer-2.5",
-            "choices": [{"index": 0, "delta": {"content": "hello "}, "finish_reason": None}],
-            "usage": {"prompt_tokens": 9, "completion_tokens": index + 1,
-                      "total_tokens": 10 + index},
+            "model": "composer-2.5", "choices": choices,
         }  # fmt: skip
+        if continuous:
+            event["usage"] = usage(made)
+        return event
+
+    role = {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+    events = [chunk([role], 0)]
+    sent = 0
+    for made in range(1, ANSWER_TOKENS + 1):
+        last = made == ANSWER_TOKENS
+        if sent and made - sent < interval and not last:
+            continue
+        delta = {"content": "hello " * (made - sent)}
+        finish = "length" if last else None
+        events.append(chunk([{"index": 0, "delta": delta, "finish_reason": finish}], made))
+        sent = made
+    if include_usage:
+        events.append({**chunk([], ANSWER_TOKENS), "usage": usage(ANSWER_TOKENS)})
+    return events
+
+
+@cache
+def stream_response(interval: int, include_usage: bool, continuous: bool) -> bytes:
+    """The whole chunked HTTP response of ``stream_events``."""
+    response = _STREAM_HEAD
+    for chunk in stream_events(interval, include_usage, continuous):
         event = b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
-        stream += b"%x\r\n%s\r\n" % (len(event), event)
+        response += b"%x\r\n%s\r\n" % (len(event), event)
     done = b"data: [DONE]\n\n"
-    stream += b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done)
-    return plain, stream
+    return response + b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done)
+
+
+def stream_for(body: bytes) -> bytes:
+    """The stream vLLM would send for this request body (found without parsing it: the
+    upstream shares a CPU with the load it answers)."""
+    interval = _INTERVAL.search(body)
+    return stream_response(
+        int(interval[1]) if interval else 1,
+        b'"include_usage":true' in body or b'"include_usage": true' in body,
+        b'"continuous_usage_stats":true' in body or b'"continuous_usage_stats": true' in body,
+    )
 
 
 class UpstreamProtocol(asyncio.Protocol):
@@ -60,7 +114,7 @@ class UpstreamProtocol(asyncio.Protocol):
     ``POST /bench/delay`` with a body of milliseconds sets ``delay_s`` (the benchmark's
     control, sent straight to it)."""
 
-    PLAIN, STREAM = canned_responses()
+    PLAIN = plain_response()
     HEALTH = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"
     delay_s = 0.0
 
@@ -98,12 +152,13 @@ class UpstreamProtocol(asyncio.Protocol):
                 self.write(self.HEALTH)
             # The gateway writes compact JSON, the openai SDK (LiteLLM) JSON with spaces.
             elif b'"stream":true' in body or b'"stream": true' in body:
-                half = len(self.STREAM) // 2
+                stream = stream_for(body)
+                half = len(stream) // 2
                 if self.delay_s:
-                    self.loop.call_later(self.delay_s / 2, self.write, self.STREAM[:half])
-                    self.loop.call_later(self.delay_s, self.write, self.STREAM[half:])
+                    self.loop.call_later(self.delay_s / 2, self.write, stream[:half])
+                    self.loop.call_later(self.delay_s, self.write, stream[half:])
                 else:
-                    self.write(self.STREAM)
+                    self.write(stream)
             else:
                 self.answer(self.PLAIN)
 
