@@ -23,6 +23,10 @@ cost 20 (the 2-core machines here). It does only what the gateway needs:
   body: the connection closes after it), HEAD, 204 and 304 (their bodies dropped),
   HTTP/1.0 (closed after its answer), flow control both ways (a client that reads
   nothing pauses the app's writes; a body the app has not read pauses reading);
+- a client that takes nothing for ``send_timeout_s`` while the transport's buffer is
+  full, or while a closing connection still has bytes to send, is cut off (the
+  connection aborted, its requests' hang-ups fired): else it would hold its buffer, and
+  a request waiting to write, for as long as it likes;
 - a body the app answered without reading is skipped as it arrives, then the next
   request read; a chunked body's trailers are dropped (never request headers);
 - no upgrades: a request asking for one (WebSocket, h2c) is answered as plain HTTP and
@@ -100,6 +104,10 @@ class HttpProtocol(asyncio.Protocol):
         self.answering: RequestCycle | None = None
         self.pipeline: deque[RequestCycle] = deque()
         self.read_deadline = Deadline(self.loop, self._read_timed_out)
+        #: Armed while the client takes nothing (made at the first such wait), and the
+        #: bytes waiting to be sent when it was.
+        self.send_deadline: Deadline | None = None
+        self._unsent = 0
         self.read_paused = False
         self.writable: asyncio.Event | None = None  # while the transport's buffer is full
         self.corked: list[bytes] = []
@@ -137,6 +145,8 @@ class HttpProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.server_state.connections.discard(self)
         self.read_deadline.cancel()
+        if self.send_deadline is not None:
+            self.send_deadline.cancel()
         self.corked = []
         for cycle in (self.answering, self.reading, *self.pipeline):
             if cycle is not None:
@@ -211,11 +221,32 @@ class HttpProtocol(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.writable = asyncio.Event()
+        self._expect_sending()
 
     def resume_writing(self) -> None:
+        if self.send_deadline is not None and not self.transport.is_closing():
+            self.send_deadline.clear()
         if self.writable is not None:
             self.writable.set()
             self.writable = None
+
+    def _expect_sending(self) -> None:
+        """Cut the client off unless it takes some of what waits within ``send_timeout_s``."""
+        if self.send_deadline is None:
+            self.send_deadline = Deadline(self.loop, self._send_timed_out)
+        self._unsent = self.transport.get_write_buffer_size()
+        self.send_deadline.set(self.limits.send_timeout_s)
+
+    def _send_timed_out(self) -> None:
+        # Nothing is written while the buffer waits (writers wait for ``writable``, a
+        # closing connection writes no more): a smaller buffer means the client took some.
+        unsent = self.transport.get_write_buffer_size()
+        if not unsent:  # all taken
+            return
+        if unsent < self._unsent:
+            self._expect_sending()
+            return
+        self.transport.abort()  # connection_lost follows: the hang-ups fire
 
     def pause_reading(self) -> None:
         if not self.read_paused:
@@ -246,9 +277,14 @@ class HttpProtocol(asyncio.Protocol):
             self.transport.write(corked[0] if len(corked) == 1 else b"".join(corked))
 
     def close(self) -> None:
-        """Close the connection once what waits is sent."""
+        """Close the connection once what waits is sent (within ``send_timeout_s``)."""
         self.flush()
-        self.transport.close()
+        transport = self.transport
+        if transport.is_closing():
+            return
+        transport.close()
+        if transport.get_write_buffer_size():
+            self._expect_sending()
 
     def _read_timed_out(self) -> None:
         if not self.transport.is_closing():

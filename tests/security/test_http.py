@@ -34,6 +34,8 @@ WEBHOOK_SECRET = "whsec_security"
 ENGINE_SECRET = "engine-internal-detail-7f3a"
 #: Bytes the endless stream tries to send; a slow reader must hold the gateway far below.
 ENDLESS_BYTES = 512 * 1024 * 1024
+#: How long the live gateway lets a client take nothing (CSTACK_SEND_TIMEOUT_S).
+SEND_TIMEOUT_S = 6
 
 
 class UpstreamStandIn:
@@ -168,6 +170,8 @@ def live(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[L
         "CSTACK_STRIPE_WEBHOOK_SECRET": WEBHOOK_SECRET,
         "CSTACK_HEADER_TIMEOUT_S": "1",
         "CSTACK_BODY_TIMEOUT_S": "1",
+        # Longer than the slow reader's wait below (it must not be cut off first).
+        "CSTACK_SEND_TIMEOUT_S": str(SEND_TIMEOUT_S),
     }
     gateway = ManagedProcess(
         "gateway",
@@ -406,6 +410,32 @@ def test_a_slow_reader_slows_the_upstream_instead_of_filling_the_gateway(
         assert live.upstream.endless_sent < 64 * 1024 * 1024
     # The client hung up: the gateway closes the upstream connection.
     assert live.upstream.endless_closed.wait(timeout=30)
+
+
+def test_a_client_that_stops_reading_for_good_is_cut_off(live: LiveGateway) -> None:
+    """It neither reads nor hangs up: after CSTACK_SEND_TIMEOUT_S of taking nothing the
+    gateway drops its connection and the upstream's, instead of holding both (and the
+    engine's sequence) until the request's maximum duration."""
+    live.upstream.endless_closed.clear()  # the test before let its stream go
+    body = json.dumps(
+        {"model": "composer-2.5-fast", "messages": [{"role": "user", "content": "endless"}],
+         "stream": True}
+    ).encode()  # fmt: skip
+    target = urlparse(live.url)
+    with socket.create_connection((target.hostname, target.port), timeout=60) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json"
+            b"\r\nauthorization: Bearer " + live.api_key.encode()
+            + b"\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+        )  # fmt: skip
+        # Reading nothing, holding the connection open: the gateway lets the upstream go.
+        assert live.upstream.endless_closed.wait(timeout=SEND_TIMEOUT_S + 60)
+        # And this connection: what it had buffered, then its end (or a reset).
+        received = b""
+        with contextlib.suppress(ConnectionResetError):
+            while data := sock.recv(1024 * 1024):
+                received += data
+        assert received.startswith(b"HTTP/1.1 200 ")
 
 
 def test_garbage_never_gets_a_5xx(live: LiveGateway) -> None:

@@ -363,3 +363,78 @@ async def test_an_answer_that_never_asked_for_the_body_closes_the_connection() -
     peer.sendall(post(b"x" * 10).split(b"\r\n\r\n")[0] + b"\r\nexpect: 100-continue\r\n\r\n")
     answer = await asyncio.to_thread(read_all, peer)  # returns: the connection closed
     assert answer.startswith(b"HTTP/1.1 413 ") and b"connection: close" in answer
+
+
+async def test_a_client_that_reads_nothing_is_cut_off_and_its_request_hangs_up() -> None:
+    """A stream to a client that never reads: the app's writes wait on the full buffer
+    until ``send_timeout_s`` with nothing taken, then the connection is dropped and the
+    request hears of it (as from a hang-up), so it can end and bill what was made."""
+    ended = asyncio.Event()
+    sent: list[int] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        while not scope[HANG_UP].gone:
+            await send({"type": "http.response.body", "body": b"x" * 65536, "more_body": True})
+            sent.append(1)
+            await asyncio.sleep(0)  # as a relay waits on its upstream: the writes leave
+        ended.set()
+
+    protocol, _, peer = await connected(app, send_timeout_s=0.2)
+    peer.sendall(post(b""))
+    await asyncio.wait_for(ended.wait(), 10)  # without the timeout it waits for ever
+    assert protocol not in protocol.server_state.connections  # the connection is gone
+    assert len(sent) > 1  # it wrote until the buffers were full
+    peer.close()
+
+
+async def test_a_closing_connection_that_cannot_send_its_last_bytes_is_dropped() -> None:
+    """An answer larger than every buffer between it and a client that never reads, on a
+    connection that closes after it: the close waits at most ``send_timeout_s``."""
+    body = b"y" * (8 * 1024 * 1024)
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        headers = [(b"content-length", b"%d" % len(body))]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    protocol, _, peer = await connected(app, send_timeout_s=0.2)
+    peer.sendall(post(b"", b"connection: close\r\n"))
+    for _ in range(500):  # 5 s; it takes about send_timeout_s
+        if protocol not in protocol.server_state.connections:
+            break
+        await asyncio.sleep(0.01)
+    assert protocol not in protocol.server_state.connections
+    peer.close()
+
+
+async def test_a_slow_reader_is_not_cut_off_while_it_takes_some() -> None:
+    """A client that reads slowly, but reads, gets its whole answer: it takes longer than
+    ``send_timeout_s`` in all, but each read resets the timeout."""
+    body = b"z" * (4 * 1024 * 1024)
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        headers = [(b"content-length", b"%d" % len(body))]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        for at in range(0, len(body), 65536):
+            await send({"type": "http.response.body", "body": body[at : at + 65536],
+                        "more_body": at + 65536 < len(body)})  # fmt: skip
+
+    _, _, peer = await connected(app, send_timeout_s=2)
+    peer.sendall(post(b"", b"connection: close\r\n"))
+
+    def read_slowly() -> bytes:
+        import time
+
+        peer.settimeout(5)
+        received = b""
+        while chunk := peer.recv(65536):
+            received += chunk
+            time.sleep(0.05)  # 64 reads at least: over 3 s
+        return received
+
+    answer = await asyncio.to_thread(read_slowly)
+    assert answer.endswith(body)
