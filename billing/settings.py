@@ -81,6 +81,9 @@ class BillingSettings(CstackSettings):
     #: How often beat asks the worker to drain the stream and to sync Stripe.
     ledger_drain_interval_s: float = 1.0
     stripe_sync_interval_s: float = 60.0
+    #: How long the lock that serialises Stripe syncs outlives a worker that dies holding
+    #: it (killed, its node lost); a running sync renews it every third of this.
+    stripe_sync_lock_ttl_s: float = Field(default=30.0, gt=0)
     stripe_retry_base_s: float = 30.0
     stripe_retry_max_s: float = 3600.0
 

@@ -7,7 +7,11 @@ concurrently (the consumer group splits the stream, a Redis lock serialises Stri
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from functools import cache
@@ -15,6 +19,8 @@ from typing import Any
 
 from celery import Celery
 from celery.schedules import crontab
+from redis.exceptions import LockError
+from redis.lock import Lock
 from sqlalchemy import Engine
 
 from billing.ledger import make_engine, migrate
@@ -22,7 +28,7 @@ from billing.ledger.consumer import UsageStreamConsumer
 from billing.meter.keyspace import Keyspace
 from billing.prices.periods import period_bounds, period_of
 from billing.prices.pricing import pricebook_from_path
-from billing.redis.client import SyncClient, parse_redis_url, sync_client
+from billing.redis.client import REDIS_FAILURES, SyncClient, parse_redis_url, sync_client
 from billing.settings import BillingSettings
 from billing.stripe.api import stripe_client
 from billing.stripe.reconcile_all import export, reconcile_all
@@ -125,14 +131,44 @@ def sync_stripe_task() -> dict[str, Any]:
     if settings.stripe_api_key is None:
         logger.info("Stripe sync skipped: CSTACK_STRIPE_API_KEY is not set")
         return {"skipped": True}
-    lock = redis().lock(STRIPE_LOCK, timeout=600, blocking=False)
+    ttl_s = settings.stripe_sync_lock_ttl_s
+    # Not thread-local: ``renewed`` renews it from a thread of its own.
+    lock = redis().lock(STRIPE_LOCK, timeout=ttl_s, blocking=False, thread_local=False)
     if not lock.acquire():
         return {"skipped": True}
     try:
-        book = pricebook_from_path(settings.pricebook_path)
-        return asdict(sync_stripe(ledger(), book, settings, datetime.now(UTC)))
+        with renewed(lock, ttl_s):
+            book = pricebook_from_path(settings.pricebook_path)
+            return asdict(sync_stripe(ledger(), book, settings, datetime.now(UTC)))
     finally:
-        lock.release()
+        with contextlib.suppress(LockError):  # it expired while Redis was away
+            lock.release()
+
+
+@contextmanager
+def renewed(lock: Lock, ttl_s: float) -> Iterator[None]:
+    """Keep a held ``lock`` (made with ``thread_local=False``) while the block runs: its
+    TTL is set to ``ttl_s`` again every third of it, by a thread, so a long sync keeps it
+    and a dead worker's frees itself."""
+    stop = threading.Event()
+
+    def renew() -> None:
+        while not stop.wait(ttl_s / 3):
+            try:
+                lock.reacquire()
+            except LockError:  # lost: it expired while Redis was away
+                logger.warning("the Stripe sync lost its lock; another sync may start")
+                return
+            except REDIS_FAILURES:
+                continue  # Redis away for now: try again, before the TTL runs out
+
+    thread = threading.Thread(target=renew, name="stripe-sync-lock", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def reconcile_periods(now: datetime, current: BillingSettings = settings) -> list[str]:

@@ -7,6 +7,8 @@ deltas), and in the end Stripe's items add up to the ledger's invoice lines."""
 from __future__ import annotations
 
 import sqlite3
+import time
+import uuid
 from collections import defaultdict
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -21,11 +23,14 @@ from billing.meter.events import UsageEvent
 from billing.prices.pricing import load_pricebook
 from billing.settings import BillingSettings
 from billing.stripe.api import list_invoice_items, stripe_client
+from billing.worker import renewed
 from tests.support.billing import Process, set_customers
 from tests.support.fakes.stripe import StripeStandIn
 from tests.support.waits import wait_until
 
 EVENTS = 3000
+#: Written to the ledger before the worker is blocked and killed.
+FIRST_EVENTS = 200
 ORGS = {"org-worker-0": "cus_W0", "org-worker-1": "cus_W1"}
 #: A fixed instant: the sync posts open months too here (stripe_post_open_periods).
 AT = datetime(2026, 11, 15, 12, 0, tzinfo=UTC)
@@ -69,13 +74,19 @@ def test_worker_killed_mid_batch_then_restarted_writes_each_event_once(
             "stripe_sync_interval_s": 0.5,
             "stripe_retry_base_s": 0.5,
             "stripe_post_open_periods": True,
+            # The killed worker may die holding the sync's lock: its successor syncs then.
+            "stripe_sync_lock_ttl_s": 3.0,
         }
     )
     client = redis.Redis.from_url(settings.redis_url)
-    pipe = client.pipeline(transaction=False)
-    for n in range(EVENTS):
-        pipe.xadd(settings.usage_stream, {"event": usage_event(n).model_dump_json()})
-    pipe.execute()
+
+    def add_events(numbers: range) -> None:
+        pipe = client.pipeline(transaction=False)
+        for n in numbers:
+            pipe.xadd(settings.usage_stream, {"event": usage_event(n).model_dump_json()})
+        pipe.execute()
+
+    add_events(range(FIRST_EVENTS))
     engine = make_engine(settings.ledger_url)
     database_path = str(engine.url.database)
     migrate(engine)
@@ -87,11 +98,13 @@ def test_worker_killed_mid_batch_then_restarted_writes_each_event_once(
 
     billing_processes(["beat"], settings)
     worker = billing_processes(["worker", "billing"], settings)
-    wait_until(lambda: ledger_rows() > 0, "the worker to write its first rows", 120)
-    # Hold the ledger's write lock so the worker blocks inside its next batch: read from
-    # the stream, not yet committed, not acknowledged. Then kill it there.
+    wait_until(lambda: ledger_rows() == FIRST_EVENTS, "the worker to write the first events", 120)
+    # Hold the ledger's write lock, then send the rest: the worker blocks inside its next
+    # batch (read from the stream, not yet committed, not acknowledged), and is killed
+    # there. (Sending all at once raced: the worker could write them all before the lock.)
     blocker = sqlite3.connect(database_path, timeout=30, isolation_level=None)
     blocker.execute("BEGIN IMMEDIATE")
+    add_events(range(FIRST_EVENTS, EVENTS))
     wait_until(
         lambda: client.xpending(settings.usage_stream, settings.usage_consumer_group)["pending"],
         "the worker to read a batch it cannot commit",
@@ -148,3 +161,24 @@ def test_worker_killed_mid_batch_then_restarted_writes_each_event_once(
     keys = [record["idempotency_key"] for record in stripe.accepted()]
     assert len(keys) == len(set(keys))
     assert "failed" in stripe.results()
+
+
+def test_a_sync_keeps_its_lock_past_the_ttl_and_a_dead_holders_lock_frees_itself(
+    redis_url: str,
+) -> None:
+    """The Stripe sync's lock (real Valkey): renewed while a sync runs, however long; left
+    by a holder that died (no renewal), it is free again after its TTL."""
+    client = redis.Redis.from_url(redis_url)
+    name = f"cstack:test:sync-lock:{uuid.uuid4().hex[:8]}"
+    lock = client.lock(name, timeout=0.6, blocking=False, thread_local=False)  # as the sync's
+    assert lock.acquire()
+    with renewed(lock, 0.6):
+        time.sleep(2.0)  # over three TTLs
+        assert not client.lock(name, timeout=0.6, blocking=False).acquire()
+        assert lock.owned()
+    lock.release()
+
+    dead = client.lock(name, timeout=0.6, blocking=False)
+    assert dead.acquire()  # and never renewed, nor released
+    successor = client.lock(name, timeout=0.6, blocking=False)
+    wait_until(successor.acquire, "the dead holder's lock to expire", 10)
