@@ -35,7 +35,9 @@ Keys belong to a plan whose limits never bind (`bench`, added to the shipped pri
 Then it sends requests to each, one after the other: first varied shapes, the headline
 (VARIED_BODIES chat completions, each its own prompt size, `max_tokens` and `n`, from the
 keys of --tenants orgs in turn), then one repeated shape (`max_tokens` 8) as an extra
-table. The upstream answers every one alike (8 tokens; streams of 8 events and `[DONE]`):
+table. The upstream answers every one alike (8 tokens, one choice; a stream in the events
+vLLM sends for the body it gets: a token an event, or `stream_interval` of them (2 events
+for the gateway's whole answers, 16 a chunk), between the role's event and the usage's):
 what varies is what the gateway reads, reserves and settles.
 
 1. throughput: a closed loop of --clients clients (keep-alive connections), the upstream
