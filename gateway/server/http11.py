@@ -24,9 +24,10 @@ cost 20 (the 2-core machines here). It does only what the gateway needs:
   HTTP/1.0 (closed after its answer), flow control both ways (a client that reads
   nothing pauses the app's writes; a body the app has not read pauses reading);
 - a client that takes nothing for ``send_timeout_s`` while the transport's buffer is
-  full, or while a closing connection still has bytes to send, is cut off (the
-  connection aborted, its requests' hang-ups fired): else it would hold its buffer, and
-  a request waiting to write, for as long as it likes;
+  full, or while a closing (or half-closed) connection still has bytes to send, is cut
+  off (the connection aborted, its requests' hang-ups fired): else it would hold its
+  buffer, and a request waiting to write, for as long as it likes. What it takes is
+  counted from the kernel's send queue too, so a slow but steady reader is never cut;
 - a body the app answered without reading is skipped as it arrives, then the next
   request read; a chunked body's trailers are dropped (never request headers);
 - no upgrades: a request asking for one (WebSocket, h2c) is answered as plain HTTP and
@@ -39,6 +40,10 @@ response) is refused, and the app gets the error (uvicorn refuses it too).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
+import struct
+import termios
 from collections import deque
 from typing import Any
 from urllib.parse import unquote
@@ -50,6 +55,8 @@ from gateway.server.hang_up import HANG_UP, HangUp
 from gateway.server.request_cycle import RequestCycle, error_response
 from gateway.settings import GatewaySettings
 
+#: Linux's SIOCOUTQ: a socket's bytes not yet sent or acknowledged (TIOCOUTQ's number).
+_OUTQ = termios.TIOCOUTQ
 #: A body the app has not read yet pauses reading the socket past this many bytes.
 BODY_HIGH_WATER = 64 * 1024
 #: Requests pipelined behind the one being answered that pause reading the socket. The
@@ -157,8 +164,10 @@ class HttpProtocol(asyncio.Protocol):
 
     def eof_received(self) -> bool | None:
         # The client half-closed: the transport closes itself once this returns, so what
-        # is corked goes first (it would be dropped).
+        # is corked goes first (it would be dropped), within ``send_timeout_s`` as close's.
         self.flush()
+        if self.transport.get_write_buffer_size():
+            self._expect_sending()
         return None
 
     def data_received(self, data: bytes) -> None:
@@ -234,19 +243,33 @@ class HttpProtocol(asyncio.Protocol):
         """Cut the client off unless it takes some of what waits within ``send_timeout_s``."""
         if self.send_deadline is None:
             self.send_deadline = Deadline(self.loop, self._send_timed_out)
-        self._unsent = self.transport.get_write_buffer_size()
+        self._unsent = self._queued()
         self.send_deadline.set(self.limits.send_timeout_s)
 
     def _send_timed_out(self) -> None:
-        # Nothing is written while the buffer waits (writers wait for ``writable``, a
-        # closing connection writes no more): a smaller buffer means the client took some.
-        unsent = self.transport.get_write_buffer_size()
-        if not unsent:  # all taken
+        # Writers wait for ``writable`` and a closing connection writes no more (an error
+        # answer written beside them closes the connection anyway): what is queued falls
+        # only as the client takes it.
+        queued = self._queued()
+        if not queued:  # all taken
             return
-        if unsent < self._unsent:
+        if queued < self._unsent:
             self._expect_sending()
             return
         self.transport.abort()  # connection_lost follows: the hang-ups fire
+
+    def _queued(self) -> int:
+        """Bytes the client has yet to take: the transport's buffer and the kernel's send
+        queue (``SIOCOUTQ``: not yet sent or not yet acknowledged). The buffer alone moves
+        in steps of megabytes over TCP (the kernel asks for more once its queue of up to
+        4 MiB has drained by a third): a client reading 20 KiB/s would look idle for 60 s."""
+        transport = self.transport
+        queued = transport.get_write_buffer_size()
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError, ValueError):  # not Linux, or not a socket
+                queued += struct.unpack("i", fcntl.ioctl(sock.fileno(), _OUTQ, b"\0" * 4))[0]
+        return queued
 
     def pause_reading(self) -> None:
         if not self.read_paused:

@@ -35,7 +35,7 @@ ENGINE_SECRET = "engine-internal-detail-7f3a"
 #: Bytes the endless stream tries to send; a slow reader must hold the gateway far below.
 ENDLESS_BYTES = 512 * 1024 * 1024
 #: How long the live gateway lets a client take nothing (CSTACK_SEND_TIMEOUT_S).
-SEND_TIMEOUT_S = 6
+SEND_TIMEOUT_S = 12
 
 
 class UpstreamStandIn:

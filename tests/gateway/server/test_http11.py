@@ -9,9 +9,11 @@ import asyncio
 import contextlib
 import json
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import pytest
 from uvicorn.server import ServerState
 
 from gateway.server.hang_up import HANG_UP
@@ -38,9 +40,17 @@ class Sends:
         return getattr(self.transport, name)
 
 
-async def connected(app: App, **settings: Any) -> tuple[Any, Sends, socket.socket]:
-    """The protocol serving ``app`` on one end of a socket pair; the client's end."""
-    ours, peer = socket.socketpair()
+async def connected(
+    app: App, tcp: bool = False, **settings: Any
+) -> tuple[Any, Sends, socket.socket]:
+    """The protocol serving ``app`` on one end of a socket pair (``tcp``: of a loopback TCP
+    connection); the client's end."""
+    if tcp:
+        with socket.create_server(("127.0.0.1", 0)) as listener:
+            peer = socket.create_connection(listener.getsockname())
+            ours, _ = listener.accept()
+    else:
+        ours, peer = socket.socketpair()
     ours.setblocking(False)
     loop = asyncio.get_running_loop()
     config = server_config(app, GatewaySettings(**settings), lifespan="off")
@@ -410,9 +420,12 @@ async def test_a_closing_connection_that_cannot_send_its_last_bytes_is_dropped()
     peer.close()
 
 
-async def test_a_slow_reader_is_not_cut_off_while_it_takes_some() -> None:
+@pytest.mark.parametrize("tcp", [False, True], ids=["socketpair", "tcp"])
+async def test_a_slow_reader_is_not_cut_off_while_it_takes_some(tcp: bool) -> None:
     """A client that reads slowly, but reads, gets its whole answer: it takes longer than
-    ``send_timeout_s`` in all, but each read resets the timeout."""
+    ``send_timeout_s`` in all, but each read resets the timeout. Over TCP too, where the
+    transport's buffer alone would not show it (the kernel's queue of megabytes drains
+    first): the reads here take 1.5 MiB in under 3 s, slower than that queue's step."""
     body = b"z" * (4 * 1024 * 1024)
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -423,18 +436,40 @@ async def test_a_slow_reader_is_not_cut_off_while_it_takes_some() -> None:
             await send({"type": "http.response.body", "body": body[at : at + 65536],
                         "more_body": at + 65536 < len(body)})  # fmt: skip
 
-    _, _, peer = await connected(app, send_timeout_s=2)
+    _, _, peer = await connected(app, tcp=tcp, send_timeout_s=1.5)
     peer.sendall(post(b"", b"connection: close\r\n"))
 
     def read_slowly() -> bytes:
-        import time
-
         peer.settimeout(5)
         received = b""
-        while chunk := peer.recv(65536):
+        while chunk := peer.recv(32768):
             received += chunk
-            time.sleep(0.05)  # 64 reads at least: over 3 s
+            time.sleep(0.05)  # 128 reads at least: over 6 s
         return received
 
     answer = await asyncio.to_thread(read_slowly)
     assert answer.endswith(body)
+
+
+async def test_a_half_closed_client_that_reads_nothing_is_cut_off() -> None:
+    """A client that sends its request, half-closes and never reads: the transport closes
+    itself on the EOF, within ``send_timeout_s`` as any closing connection, and the
+    request hears of it."""
+    ended = asyncio.Event()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        while not scope[HANG_UP].gone:
+            await send({"type": "http.response.body", "body": b"h" * 4096, "more_body": True})
+            await asyncio.sleep(0.001)
+        ended.set()
+
+    protocol, _, peer = await connected(app, send_timeout_s=0.3)
+    peer.sendall(post(b""))
+    while not protocol.transport.get_write_buffer_size():  # the buffers between are full
+        await asyncio.sleep(0.01)
+    peer.shutdown(socket.SHUT_WR)
+    await asyncio.wait_for(ended.wait(), 10)  # without the timeout it waits for ever
+    assert protocol not in protocol.server_state.connections
+    peer.close()
