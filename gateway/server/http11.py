@@ -27,7 +27,10 @@ cost 20 (the 2-core machines here). It does only what the gateway needs:
   full, or while a closing (or half-closed) connection still has bytes to send, is cut
   off (the connection aborted, its requests' hang-ups fired): else it would hold its
   buffer, and a request waiting to write, for as long as it likes. What it takes is
-  counted from the kernel's send queue too, so a slow but steady reader is never cut;
+  counted from the kernel's send queue, which falls as the client acknowledges: a
+  steady reader is cut only below about one window update (about 100 KB) a period,
+  2 KiB/s at the default 60 s; one that reads nothing goes within two periods (its
+  kernel takes a last window's worth once the first starts);
 - a body the app answered without reading is skipped as it arrives, then the next
   request read; a chunked body's trailers are dropped (never request headers);
 - no upgrades: a request asking for one (WebSocket, h2c) is answered as plain HTTP and
@@ -262,7 +265,7 @@ class HttpProtocol(asyncio.Protocol):
         """Bytes the client has yet to take: the transport's buffer and the kernel's send
         queue (``SIOCOUTQ``: not yet sent or not yet acknowledged). The buffer alone moves
         in steps of megabytes over TCP (the kernel asks for more once its queue of up to
-        4 MiB has drained by a third): a client reading 20 KiB/s would look idle for 60 s."""
+        4 MiB has drained by a third): a client reading 20 KiB/s looked idle for 60 s."""
         transport = self.transport
         queued = transport.get_write_buffer_size()
         sock = transport.get_extra_info("socket")
