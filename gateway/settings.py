@@ -74,10 +74,10 @@ class GatewaySettings(CstackSettings):
     #: clients are disconnected.
     header_timeout_s: float = Field(10.0, gt=0)
     body_timeout_s: float = Field(60.0, gt=0)
-    #: A client that takes none of what the gateway sends it for this long (its buffer at
-    #: the gateway stays full) is cut off: the connection is dropped and its request ends
-    #: as a hang-up, billed for what was generated. Also how long a closing connection may
-    #: take to send what is left, so a client that never reads holds nothing for ever.
+    #: A client that takes none of what the gateway sends it for this long, while its
+    #: writes wait or its connection closes, is cut off: the connection is dropped and its
+    #: request ends as a hang-up, billed for what was generated (gateway/server/http11.py
+    #: says how taking is counted, and its bounds).
     send_timeout_s: float = Field(60.0, gt=0)
     max_messages: int = 1024
     max_n: int = 16

@@ -114,10 +114,10 @@ class HttpProtocol(asyncio.Protocol):
         self.answering: RequestCycle | None = None
         self.pipeline: deque[RequestCycle] = deque()
         self.read_deadline = Deadline(self.loop, self._read_timed_out)
-        #: Armed while the client takes nothing (made at the first such wait), and the
-        #: bytes waiting to be sent when it was.
+        #: Armed while the client takes nothing (made at the first such wait), and what
+        #: was queued for the client when it was (``_queued``).
         self.send_deadline: Deadline | None = None
-        self._unsent = 0
+        self._queued_when_armed = 0
         self.read_paused = False
         self.writable: asyncio.Event | None = None  # while the transport's buffer is full
         self.corked: list[bytes] = []
@@ -246,7 +246,7 @@ class HttpProtocol(asyncio.Protocol):
         """Cut the client off unless it takes some of what waits within ``send_timeout_s``."""
         if self.send_deadline is None:
             self.send_deadline = Deadline(self.loop, self._send_timed_out)
-        self._unsent = self._queued()
+        self._queued_when_armed = self._queued()
         self.send_deadline.set(self.limits.send_timeout_s)
 
     def _send_timed_out(self) -> None:
@@ -256,7 +256,7 @@ class HttpProtocol(asyncio.Protocol):
         queued = self._queued()
         if not queued:  # all taken
             return
-        if queued < self._unsent:
+        if queued < self._queued_when_armed:
             self._expect_sending()
             return
         self.transport.abort()  # connection_lost follows: the hang-ups fire
